@@ -1,0 +1,148 @@
+"""The broker's HTTP API (JSON), served on a Unix socket in the state directory.
+
+  GET  /v1/status              broker, nodes, free GPUs, job counts
+  POST /v1/jobs                submit: one job object, or {"jobs": [...]}
+  GET  /v1/jobs[?state=S]      list jobs (FIFO order)
+  GET  /v1/jobs/{id}           one job with its runs
+  POST /v1/jobs/{id}/cancel    cancel a queued or running job
+  GET  /v1/runs                every launch segment (the schedule)
+  POST /v1/shutdown            suspend all running jobs to checkpoints and stop
+
+Every error is a 4xx with {"error": "...", "field": "..."} saying what to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+from aiohttp import web
+
+from marbled.core.model import JobState
+from marbled.core.spec import JobSpec, SpecError
+from marbled.daemon.broker import Broker, Refused
+
+MAX_BODY = 4 * 1024 * 1024
+MAX_JOBS_PER_REQUEST = 10_000
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    body = {"error": message}
+    if field:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Refused as exc:
+        return _error(exc.status, str(exc), exc.field)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body too large; the limit is {MAX_BODY} bytes "
+                           "(submit large job sets in several requests)")
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.status, exc.reason)
+        raise
+
+
+async def _json_body(request: web.Request) -> object:
+    if request.content_type != "application/json":
+        raise Refused("send the body as JSON with Content-Type: application/json", 415)
+    try:
+        return json.loads(await request.text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(f"the body is not valid JSON: {exc}", 400) from None
+
+
+def _job_id(request: web.Request) -> int:
+    raw = request.match_info["job_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise Refused(f"'{raw}' is not a job id; job ids are whole numbers", 400, "id")
+    return int(raw)
+
+
+def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors_as_json])
+    routes = web.RouteTableDef()
+
+    @routes.get("/v1/status")
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(broker.status())
+
+    @routes.post("/v1/jobs")
+    async def submit(request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        many = isinstance(body, dict) and set(body) == {"jobs"}
+        docs = body["jobs"] if many else [body]
+        if not isinstance(docs, list) or not docs:
+            raise Refused("'jobs' must be a non-empty list of job objects", 400, "jobs")
+        if len(docs) > MAX_JOBS_PER_REQUEST:
+            raise Refused(f"at most {MAX_JOBS_PER_REQUEST} jobs per request", 413, "jobs")
+        specs = []
+        for i, doc in enumerate(docs):
+            try:
+                specs.append(JobSpec.from_mapping(doc))
+            except SpecError as exc:
+                where = f"jobs[{i}].{exc.field}" if many else exc.field
+                raise Refused(f"{where}: {exc.message}", 400, where) from None
+        ids = broker.submit(specs)
+        views = [broker.job_view(r) for r in broker.store.jobs(ids)]
+        return web.json_response({"jobs": views}, status=201)
+
+    @routes.get("/v1/jobs")
+    async def list_jobs(request: web.Request) -> web.Response:
+        wanted = request.query.get("state")
+        if wanted is not None and wanted not in {s.value for s in JobState}:
+            raise Refused(f"unknown state '{wanted}'; use one of "
+                          f"{', '.join(s.value for s in JobState)}", 400, "state")
+        views = [broker.job_view(r) for r in broker.store.jobs()]
+        if wanted:
+            views = [v for v in views if v["state"] == wanted]
+        return web.json_response({"jobs": views})
+
+    @routes.get("/v1/jobs/{job_id}")
+    async def show(request: web.Request) -> web.Response:
+        job_id = _job_id(request)
+        rows = broker.store.jobs([job_id])
+        if not rows:
+            raise Refused(f"no job {job_id}", 404, "id")
+        view = broker.job_view(rows[0])
+        view["runs"] = [_run_view(r) for r in broker.store.runs(job_id)]
+        view["events"] = [
+            {"at": e.at, "kind": e.kind, "run_id": e.run_id, "data": e.data}
+            for e in broker.store.events(job_id)
+        ]
+        return web.json_response(view)
+
+    @routes.post("/v1/jobs/{job_id}/cancel")
+    async def cancel(request: web.Request) -> web.Response:
+        job_id = _job_id(request)
+        broker.cancel(job_id)
+        return web.json_response({"id": job_id, "cancel": "requested"}, status=202)
+
+    @routes.get("/v1/runs")
+    async def runs(request: web.Request) -> web.Response:
+        return web.json_response({"runs": [_run_view(r) for r in broker.store.runs()],
+                                  "started_at": broker.started_at})
+
+    @routes.post("/v1/shutdown")
+    async def shutdown(request: web.Request) -> web.Response:
+        asyncio.get_running_loop().call_soon(on_shutdown)
+        return web.json_response({"shutdown": "started"}, status=202)
+
+    app.add_routes(routes)
+    return app
+
+
+def _run_view(r) -> dict:
+    return {
+        "id": r.id, "job_id": r.job_id, "node": r.node,
+        "gpus": [int(g) for g in r.gpu_ids.split(",")] if r.gpu_ids else [],
+        "role": r.role, "started_at": r.started_at, "ended_at": r.ended_at,
+        "start_step": r.start_step, "end_step": r.end_step, "exit_code": r.exit_code,
+        "end_reason": r.end_reason, "pid": r.pid,
+    }

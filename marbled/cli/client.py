@@ -1,0 +1,68 @@
+"""A small JSON client for the broker's API over its Unix socket (standard library only)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from pathlib import Path
+
+
+class BrokerUnreachable(RuntimeError):
+    pass
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+class BrokerClient:
+    def __init__(self, socket_path: Path, timeout: float = 30.0):
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: object | None = None) -> dict:
+        conn = _UnixConnection(str(self.socket_path), self.timeout)
+        try:
+            headers = {}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise BrokerUnreachable(
+                f"no broker listens on {self.socket_path} ({exc.strerror}); start one with "
+                "'marbled', or point MARBLE_STATE_DIR / --state-dir at its state directory"
+            ) from None
+        finally:
+            conn.close()
+        try:
+            doc = json.loads(raw) if raw else {}
+        except ValueError:
+            doc = {"error": raw.decode(errors="replace")}
+        if resp.status >= 400:
+            raise ApiError(resp.status, doc.get("error", resp.reason), doc.get("field"))
+        return doc
+
+    def get(self, path: str) -> dict:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: object | None = None) -> dict:
+        return self.request("POST", path, {} if body is None else body)

@@ -1,0 +1,278 @@
+"""`marble`: talk to a running broker (submit, status, show, cancel, wait, schedule, shutdown)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
+from marbled.cli.schedule import format_gantt, format_table, schedule_rows
+from marbled.core.spec import JobSpec, SpecError
+from marbled.daemon.main import default_state_dir, socket_path
+from marbled.resources import JobFileError, load_job_file
+
+FINAL = {"done", "failed", "cancelled"}
+
+
+def _client(ctx: click.Context) -> BrokerClient:
+    return BrokerClient(socket_path(ctx.obj["state_dir"]))
+
+
+def _call(fn, *args):
+    try:
+        return fn(*args)
+    except BrokerUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    except ApiError as exc:
+        raise click.ClickException(f"refused ({exc.status}): {exc}") from None
+
+
+def _echo_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="MARBLE_STATE_DIR",
+              help="State directory of the broker to talk to. "
+                   "[default: $MARBLE_STATE_DIR, else the allocation's default]")
+@click.pass_context
+def main(ctx: click.Context, state_dir: Path | None) -> None:
+    """Client of the marbled broker.
+
+    \b
+    A typical batch script:
+      marbled --detach
+      marble submit --model resnet-50 --steps 800 -- python train.py
+      marble submit --file jobs.yaml
+      marble wait
+      marble shutdown
+    """
+    ctx.obj = {"state_dir": (state_dir or default_state_dir()).absolute()}
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--model", help="Model name, for the profile's optimal GPU count (e.g. resnet-50).")
+@click.option("--steps", type=int, help="Steps to train in all (passed as MARBLE_TARGET_STEPS).")
+@click.option("--gpus", default="auto", show_default=True,
+              help="'auto' (the profile's optimal count; the job may be suspended and resumed) "
+                   "or a fixed count K (runs on exactly K GPUs, never suspended).")
+@click.option("--after", multiple=True,
+              help="Start only after this job (id or name) is done. Repeatable.")
+@click.option("--name", help="A name to refer to the job by (e.g. in --after).")
+@click.option("--emulate", is_flag=True,
+              help="Run marbled's EMULATED training job for --model instead of a command.")
+@click.option("--file", "job_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Submit every job of a YAML job-set file (a list of jobs with these fields).")
+@click.option("--json", "as_json", is_flag=True, help="Print the accepted jobs as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def submit(ctx, model, steps, gpus, after, name, emulate, job_file, as_json, command):
+    """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
+
+    The job starts when the FIFO reaches it, with CUDA_VISIBLE_DEVICES set to
+    its GPUs and MARBLE_* variables for the worker protocol.
+    """
+    if job_file:
+        if command or model or steps or emulate or name or after:
+            raise click.UsageError("--file takes every job from the file; give no other job options")
+        try:
+            specs = load_job_file(job_file)
+        except JobFileError as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate,
+               "after": [int(a) if a.isdigit() else a for a in after],
+               "gpus": int(gpus) if gpus.isdigit() else gpus}
+        if command:
+            doc["command"] = list(command)
+        try:
+            specs = [JobSpec.from_mapping({k: v for k, v in doc.items() if v is not None})]
+        except SpecError as exc:
+            raise click.UsageError(f"--{exc.field}: {exc.message}") from None
+    body = {"jobs": [s.to_mapping() for s in specs]}
+    for job in body["jobs"]:
+        for key in [k for k, v in job.items() if v in (None, [], False)]:
+            del job[key]
+    result = _call(_client(ctx).post, "/v1/jobs", body)
+    if as_json:
+        _echo_json(result)
+        return
+    for job in result["jobs"]:
+        how = "auto" if job["malleable"] else "fixed"
+        click.echo(f"submitted job {job['id']}"
+                   + (f" ({job['name']})" if job["name"] else "")
+                   + f": {job['demand']} GPUs ({how})")
+
+
+def _fmt_job(j: dict) -> str:
+    steps = f"{j['step']}/{j['steps']}" if j["steps"] else str(j["step"] or "-")
+    gpus = ",".join(map(str, j["gpus"])) or "-"
+    label = j["name"] or j["model"] or " ".join(j["command"])[:20]
+    return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
+            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} {j['suspensions']:>4}")
+
+
+@main.command()
+@click.option("--all", "show_all", is_flag=True, help="Also list finished jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print broker status and jobs as JSON.")
+@click.pass_context
+def status(ctx, show_all, as_json):
+    """The queue, like squeue: state, role and GPUs of every job."""
+    client = _client(ctx)
+    broker = _call(client.get, "/v1/status")
+    jobs = _call(client.get, "/v1/jobs")["jobs"]
+    if as_json:
+        _echo_json({"broker": broker, "jobs": jobs})
+        return
+    nodes = "; ".join(f"{n}: {len(v['free'])}/{len(v['gpus'])} GPUs free"
+                      for n, v in broker["nodes"].items())
+    click.echo(f"marbled {broker['pid']} policy={broker['policy']} profile={broker['profile']} "
+               f"{nodes}" + (" DRAINING" if broker["draining"] else ""))
+    click.echo(f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WANT':>4} "
+               f"{'GPUS':<12} {'STEP':>12} {'SUSP':>4}")
+    for j in jobs:
+        if show_all or j["state"] not in FINAL:
+            click.echo(_fmt_job(j))
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def show(ctx, job_id, as_json):
+    """One job with its runs (launch segments) and events."""
+    job = _call(_client(ctx).get, f"/v1/jobs/{job_id}")
+    if as_json:
+        _echo_json(job)
+        return
+    for key in ("id", "name", "model", "steps", "state", "role", "node", "gpus", "demand",
+                "gpus_request", "malleable", "step", "suspensions", "after", "command",
+                "exit_code", "reason"):
+        click.echo(f"{key + ':':<14}{job[key]}")
+    click.echo("runs:")
+    for r in job["runs"]:
+        click.echo(f"  run {r['id']}: {r['role']} on {r['node']} GPUs {r['gpus']} steps "
+                   f"{r['start_step']}->{r['end_step']} ended: {r['end_reason'] or 'running'}"
+                   + (f" (exit {r['exit_code']})" if r["exit_code"] not in (None, 0) else ""))
+
+
+@main.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.pass_context
+def cancel(ctx, job_ids):
+    """Cancel jobs: queued ones are dropped, running ones are stopped (SIGTERM, then SIGKILL)."""
+    for job_id in job_ids:
+        _call(_client(ctx).post, f"/v1/jobs/{job_id}/cancel")
+        click.echo(f"cancel requested for job {job_id}")
+
+
+@main.command()
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option("--interval", type=float, default=1.0, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final jobs as JSON.")
+@click.pass_context
+def wait(ctx, timeout, interval, quiet, as_json):
+    """Wait until every job has ended, showing progress.
+
+    Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out.
+    """
+    client = _client(ctx)
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    last_line = 0.0
+    while True:
+        jobs = _call(client.get, "/v1/jobs")["jobs"]
+        counts: dict[str, int] = {}
+        for j in jobs:
+            counts[j["state"]] = counts.get(j["state"], 0) + 1
+        ended = sum(counts.get(s, 0) for s in FINAL)
+        now = time.monotonic()
+        if not quiet and (tty or now - last_line >= 10 or ended == len(jobs)):
+            parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            line = f"[{now - start:6.1f}s] {ended}/{len(jobs)} ended  {parts}"
+            click.echo(("\r" + line + "\033[K") if tty else line, err=True, nl=not tty)
+            last_line = now
+        if ended == len(jobs):
+            if tty and not quiet:
+                click.echo(err=True)
+            if as_json:
+                _echo_json({"jobs": jobs})
+            ctx.exit(0 if counts.get("done", 0) == len(jobs) else 1)
+        if timeout is not None and now - start > timeout:
+            if tty and not quiet:
+                click.echo(err=True)
+            click.echo(f"timed out after {timeout:g} s with {len(jobs) - ended} jobs not ended",
+                       err=True)
+            ctx.exit(2)
+        time.sleep(interval)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--width", type=click.IntRange(20, 400), default=64, show_default=True)
+@click.pass_context
+def schedule(ctx, as_json, width):
+    """Who ran on which GPUs when, as primary or secondary (times in profiled seconds)."""
+    client = _client(ctx)
+    broker = _call(client.get, "/v1/status")
+    runs = _call(client.get, "/v1/runs")
+    jobs = {j["id"]: j for j in _call(client.get, "/v1/jobs")["jobs"]}
+    t0 = min((r["started_at"] for r in runs["runs"]), default=runs["started_at"])
+    rows = schedule_rows(runs["runs"], jobs, t0, broker["time_scale"])
+    if as_json:
+        _echo_json({"time_scale": broker["time_scale"], "runs": rows})
+        return
+    click.echo(format_table(rows))
+    click.echo()
+    click.echo(format_gantt(rows, {n: len(v["gpus"]) for n, v in broker["nodes"].items()}, width))
+
+
+@main.command()
+@click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for the stop.")
+@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.pass_context
+def shutdown(ctx, no_wait, timeout):
+    """Suspend every running job to its checkpoint and stop the broker.
+
+    Nothing is lost: a marbled started later on the same state directory
+    resumes the suspended jobs and runs the rest of the queue.
+    """
+    client = _client(ctx)
+    _call(client.post, "/v1/shutdown")
+    if no_wait:
+        click.echo("shutdown started")
+        return
+    deadline = time.monotonic() + timeout
+    while client.socket_path.exists() and time.monotonic() < deadline:
+        try:
+            client.get("/v1/status")
+        except (BrokerUnreachable, OSError):
+            break
+        time.sleep(0.1)
+    else:
+        if client.socket_path.exists():
+            raise click.ClickException(f"the broker did not stop within {timeout:g} s")
+    click.echo("marbled stopped")
+
+
+@main.command()
+@click.option("--gpus", default=6, show_default=True, help="Emulated GPUs on the node.")
+@click.option("--time-scale", default=0.02, show_default=True,
+              help="Real seconds per profiled second.")
+@click.option("--jobset", default="paper-jobset1", show_default=True,
+              help="A job-set name in workloads/ or a YAML path.")
+@click.option("--json", "as_json", is_flag=True)
+def demo(gpus, time_scale, jobset, as_json):
+    """Run a paper job set the MARBLE way and the LSF way on emulated GPUs and compare."""
+    from marbled.demo import run_demo
+
+    sys.exit(run_demo(gpus=gpus, time_scale=time_scale, jobset=jobset, as_json=as_json))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""`marbled`: the broker daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from marbled.core.policy import POLICIES
+from marbled.core.profiles import ProfileError
+from marbled.daemon.broker import BrokerConfig
+from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
+from marbled.daemon.main import StartupError, default_state_dir, local_node_name, serve, \
+    socket_path
+from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="MARBLE_STATE_DIR",
+              help="Where the database, socket, logs and checkpoints live. "
+                   "[default: $MARBLE_STATE_DIR, else ~/.local/state/marble/<allocation id>]")
+@click.option("--gpus", "emulated_gpus", type=click.IntRange(1, 1024), default=None,
+              help="Run on N EMULATED GPUs (ids 0..N-1), for machines without GPUs. "
+                   "Without it: CUDA_VISIBLE_DEVICES, else every GPU NVML reports.")
+@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="marble",
+              show_default=True,
+              help="marble: optimal GPU counts + secondaries + promotion (Algorithm 1); "
+                   "rigid: the LSF way, every job on all GPUs of a node, one after another.")
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+              help="Throughput curves: a name in profiles/ or a YAML path.")
+@click.option("--time-scale", type=click.FloatRange(min=1e-4, max=1e4), default=1.0,
+              show_default=True,
+              help="For emulated jobs: real seconds per profiled second (0.02 runs 50x faster).")
+@click.option("--suspend-timeout", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds from SIGTSTP to the job's acknowledgement "
+                                      "before the broker escalates to SIGTERM.")
+@click.option("--kill-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds from SIGTERM (or from the acknowledgement) to the exit before "
+                   "SIGKILL.")
+@click.option("--monitor-interval", type=click.FloatRange(min=0.05), default=1.0,
+              show_default=True, help="Seconds between checks for acknowledgement markers.")
+@click.option("--detach", is_flag=True,
+              help="Start in the background; print the pid once the API answers.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
+              show_default=True)
+def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout, kill_timeout,
+         monitor_interval, detach, log_level):
+    """Run the MARBLE broker on the GPUs of this allocation.
+
+    marbled keeps a FIFO of training jobs, runs each on the GPU count its
+    throughput profile says is fastest, fills leftover GPUs with secondary
+    jobs, and promotes a secondary (suspend to checkpoint, resume on more GPUs)
+    when GPUs free up. Feed it with 'marble submit'; watch with 'marble status'.
+
+    \b
+    Examples:
+      marbled --detach                      # in a batch script, on the allocation's GPUs
+      marbled --gpus 6 --time-scale 0.02    # 6 emulated GPUs, emulated jobs 50x faster
+      marbled --policy rigid --gpus 6       # the LSF baseline, for comparison
+
+    SIGTERM or 'marble shutdown' suspends every running job to its checkpoint
+    and stops; a new marbled on the same state directory carries on.
+    """
+    state_dir = (state_dir or default_state_dir()).absolute()
+    try:
+        devices, source = discover_gpus(emulated_gpus)
+        profile_path = find_profile(profile)
+        book = load_profile(str(profile_path))
+    except (GpuDiscoveryError, ProfileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if detach:
+        _detach(state_dir)
+        return
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s marbled %(levelname)s %(message)s")
+    if os.geteuid() == 0:
+        logging.getLogger("marbled").warning("running as root: jobs will run as root too")
+    config = BrokerConfig(
+        state_dir=state_dir, nodes={local_node_name(): devices}, book=book,
+        profile_ref=str(profile_path.absolute()), time_scale=time_scale,
+        suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
+        monitor_interval=monitor_interval,
+    )
+    try:
+        asyncio.run(serve(config, policy, source))
+    except StartupError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _detach(state_dir: Path) -> None:
+    """Re-run this command without --detach in its own session, logging to the state dir."""
+    from marbled.cli.client import BrokerClient, BrokerUnreachable
+
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    if "--state-dir" not in argv:
+        argv += ["--state-dir", str(state_dir)]
+    with open(state_dir / "marbled.log", "ab") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", *argv],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+    client = BrokerClient(socket_path(state_dir), timeout=2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (state_dir / "marbled.log").read_text().strip().splitlines()[-3:]
+            raise click.ClickException("marbled exited at start-up:\n" + "\n".join(tail))
+        try:
+            status = client.get("/v1/status")
+        except (BrokerUnreachable, OSError):
+            time.sleep(0.05)
+            continue
+        if status.get("pid") == proc.pid:
+            click.echo(f"marbled {proc.pid} ready; state directory {state_dir}")
+            return
+        time.sleep(0.05)
+    raise click.ClickException(f"marbled did not answer within 60 s; see {state_dir}/marbled.log")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pure scheduling core: no I/O, no clocks, no processes."""

@@ -1,0 +1,149 @@
+"""What a user submits, checked field by field with messages that say what to change."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from marbled.core.profiles import ProfileBook
+
+MAX_STEPS = 10**12
+MAX_NAME = 128
+MAX_COMMAND_ARGS = 4096
+
+
+class SpecError(ValueError):
+    """Bad input; `field` names what to fix."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: tuple[str, ...] = ()  # empty when `emulate` is set
+    emulate: bool = False  # run marbled's emulated training job for `model`
+    model: str | None = None
+    steps: int | None = None
+    gpus: int | None = None  # None = auto: the profile's optimal count
+    after: tuple[int | str, ...] = ()  # job ids or names, resolved at submit
+    name: str | None = None
+
+    FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name")
+
+    @classmethod
+    def from_mapping(cls, doc: object) -> JobSpec:
+        if not isinstance(doc, Mapping):
+            raise SpecError("job", "must be an object with at least 'command' or 'emulate'")
+        unknown = sorted(set(doc) - set(cls.FIELDS))
+        if unknown:
+            raise SpecError(unknown[0], f"unknown field; known fields are {', '.join(cls.FIELDS)}")
+
+        command = doc.get("command")
+        if command is None:
+            command = ()
+        elif isinstance(command, str):
+            try:
+                command = tuple(shlex.split(command))
+            except ValueError as exc:
+                raise SpecError("command", f"cannot be split into words: {exc}") from None
+        elif isinstance(command, list) and all(isinstance(a, str) for a in command):
+            command = tuple(command)
+        else:
+            raise SpecError("command", "must be a string or a list of strings")
+        if len(command) > MAX_COMMAND_ARGS:
+            raise SpecError("command", f"has more than {MAX_COMMAND_ARGS} words")
+
+        emulate = doc.get("emulate", False)
+        if not isinstance(emulate, bool):
+            raise SpecError("emulate", "must be true or false")
+        if emulate == bool(command):
+            raise SpecError(
+                "command",
+                "give either a command to run or emulate: true (an emulated job for 'model')",
+            )
+
+        model = doc.get("model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise SpecError("model", "must be a non-empty string such as 'resnet-50'")
+
+        steps = doc.get("steps")
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or not 0 < steps <= MAX_STEPS
+        ):
+            raise SpecError("steps", f"must be a whole number from 1 to {MAX_STEPS}")
+
+        gpus = doc.get("gpus", "auto")
+        if gpus == "auto" or gpus is None:
+            gpus = None
+        elif isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise SpecError("gpus", "must be 'auto' or a whole number of GPUs >= 1")
+
+        after = doc.get("after", [])
+        if isinstance(after, int | str) and not isinstance(after, bool):
+            after = [after]
+        if not isinstance(after, list) or not all(
+            (isinstance(a, int) and not isinstance(a, bool) and a > 0)
+            or (isinstance(a, str) and a)
+            for a in after
+        ):
+            raise SpecError("after", "must be a job id, a job name, or a list of them")
+
+        name = doc.get("name")
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME):
+            raise SpecError("name", f"must be a string of 1 to {MAX_NAME} characters")
+        if isinstance(name, str) and name.isdigit():
+            raise SpecError("name", "must not be all digits (it would read as a job id)")
+
+        if emulate and (model is None or steps is None):
+            raise SpecError("model" if model is None else "steps",
+                            "an emulated job needs both 'model' and 'steps'")
+        return cls(command, emulate, model, steps, gpus, tuple(after), name)
+
+    def to_mapping(self) -> dict:
+        return {
+            "command": list(self.command),
+            "emulate": self.emulate,
+            "model": self.model,
+            "steps": self.steps,
+            "gpus": "auto" if self.gpus is None else self.gpus,
+            "after": list(self.after),
+            "name": self.name,
+        }
+
+
+@dataclass(frozen=True)
+class Sizing:
+    demand: int  # GPU count the policy aims for
+    malleable: bool  # may run as a secondary and be suspended/resumed
+
+
+def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int) -> Sizing:
+    """How many GPUs `spec` wants on a node of `node_gpus`; SpecError if it can never run."""
+    if spec.emulate and book.lookup(spec.model) is None:
+        raise SpecError(
+            "model",
+            f"an emulated job needs a model with a curve in profile '{book.system}' "
+            f"(known: {', '.join(book.models)})",
+        )
+    if spec.gpus is not None:
+        if spec.gpus > node_gpus:
+            raise SpecError(
+                "gpus",
+                f"asks for {spec.gpus} GPUs but the largest node has {node_gpus}; "
+                f"ask for at most {node_gpus} or use 'auto'",
+            )
+        return Sizing(spec.gpus, malleable=False)
+    if spec.model is None:
+        raise SpecError("gpus", "without a 'model', give an explicit GPU count (e.g. gpus: 2)")
+    curve = book.lookup(spec.model)
+    if curve is None:
+        raise SpecError(
+            "model",
+            f"'{spec.model}' has no throughput curve in profile '{book.system}' "
+            f"(known: {', '.join(book.models)}); give an explicit GPU count instead",
+        )
+    return Sizing(curve.optimal_gpus(node_gpus), malleable=True)

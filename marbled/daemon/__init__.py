@@ -1,0 +1,1 @@
+"""The broker daemon: event loop, GPU discovery, start-up and drain."""

@@ -1,0 +1,563 @@
+"""The broker: one asyncio loop that turns events into policy decisions and effects.
+
+Events (a submission, a run's exit, an acknowledgement, a cancel, the drain)
+change the pure `State` through its transition methods; the policy then
+decides, and the broker carries its actions out with the launcher, recording
+every step in the store in the same transaction as its event row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from marbled.core.model import (
+    Cancel,
+    Job,
+    JobState,
+    Node,
+    Placement,
+    Role,
+    Start,
+    State,
+    Suspend,
+)
+from marbled.core.policy import Policy
+from marbled.core.profiles import ProfileBook
+from marbled.core.spec import JobSpec, SpecError, size_job
+from marbled.launch.base import Launcher, LaunchRequest, RunHandle
+from marbled.launch.local import process_start_time
+from marbled.store.db import JobRow, RunRow, Store
+from marbled.worker.protocol import ACK_FILE, PROGRESS_FILE, read_json
+
+log = logging.getLogger("marbled")
+
+
+class Refused(Exception):
+    """A request the broker understood but will not carry out; `status` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 409, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+
+@dataclass
+class BrokerConfig:
+    state_dir: Path
+    nodes: dict[str, tuple[str, ...]]  # node name -> device names (CUDA_VISIBLE_DEVICES entries)
+    book: ProfileBook
+    profile_ref: str  # what emulated jobs load (name or path)
+    time_scale: float = 1.0  # for emulated jobs
+    suspend_timeout: float = 60.0  # SIGTSTP -> acknowledgement, before SIGTERM
+    kill_timeout: float = 10.0  # SIGTERM -> exit, before SIGKILL
+    monitor_interval: float = 1.0
+
+
+@dataclass
+class LiveRun:
+    run_id: int
+    handle: RunHandle
+    start_step: int
+    reason: str | None = None  # why it is being suspended or stopped
+    acked: dict | None = None
+    escalated: bool = False  # SIGTERM/SIGKILL were needed
+    cancel: bool = False
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    def clear_timers(self) -> None:
+        for t in self.timers:
+            t.cancel()
+        self.timers.clear()
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, store: Store, launcher: Launcher, policy: Policy):
+        self.config = config
+        self.store = store
+        self.launcher = launcher
+        self.policy = policy
+        self.state = State(
+            nodes={n: Node(n, tuple(range(len(d)))) for n, d in config.nodes.items()}
+        )
+        self.specs: dict[int, JobSpec] = {}
+        self.names: dict[str, int] = {}
+        self.live: dict[int, LiveRun] = {}
+        self.draining = False
+        self.started_at = time.time()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set when draining and nothing runs any more
+        self._tasks: set[asyncio.Task] = set()
+        self._cancel_pending: set[int] = set()
+
+    # ------------------------------------------------------------ paths
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.config.state_dir / "jobs" / str(job_id)
+
+    # ------------------------------------------------------------ start-up
+
+    def recover(self) -> None:
+        """Rebuild the state from the store; re-adopt runs whose process still lives."""
+        open_runs = {r.job_id: r for r in self.store.runs() if r.ended_at is None}
+        for row in self.store.jobs():
+            spec = JobSpec.from_mapping(_spec_doc(row))
+            self.specs[row.id] = spec
+            if row.name:
+                self.names[row.name] = row.id
+            state = JobState(row.state)
+            job = Job(row.id, row.demand, row.malleable, tuple(row.after),
+                      suspensions=row.suspensions)
+            run = open_runs.get(row.id)
+            if state.holds_gpus and run is not None:
+                placement = Placement(run.node, tuple(int(g) for g in run.gpu_ids.split(",")))
+                alive = run.pid and process_start_time(run.pid) == run.pid_start
+                if alive:
+                    job = Job(job.id, job.demand, job.malleable, job.after, JobState.RUNNING,
+                              Role(run.role), placement, suspensions=job.suspensions)
+                    self.state.submit(job)
+                    handle = AdoptedRun(run.pid, run.pid_start)
+                    self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0))
+                    self._record_event("adopted", job.id, run.id, pid=run.pid)
+                    continue
+                # The process ended while no broker watched it: resume from its checkpoint.
+                state = JobState.SUSPENDED
+                self.state.submit(job)
+                self._end_run(job.id, run.id, exit_code=None, reason="lost",
+                              detail="the run ended while the broker was down")
+                continue
+            if state.holds_gpus:
+                state = JobState.SUSPENDED
+            self.state.submit(Job(job.id, job.demand, job.malleable, job.after, state,
+                                  suspensions=job.suspensions))
+        self._wake.set()
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Decide and act until the drain has finished."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, self.check_acks)
+        self._spawn(self._monitor())
+        while not (self.draining and not self.live):
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.draining:
+                await self._reconcile()
+        self._idle.set()
+
+    async def _reconcile(self) -> None:
+        while not self.draining:
+            actions = self.policy.decide(self.state)
+            if not actions:
+                return
+            applied = [(a, self.state.apply(a)) for a in actions]
+            for action, job in applied:
+                if isinstance(action, Start):
+                    await self._launch(job, action)
+                elif isinstance(action, Suspend):
+                    self._suspend(job, action.reason)
+                elif isinstance(action, Cancel):
+                    self._finish_job(job.id, JobState.CANCELLED, action.reason)
+
+    async def _monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.monitor_interval)
+            self.check_acks()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, specs: list[JobSpec]) -> list[int]:
+        """Accept all of `specs` or none: every check happens before anything is stored."""
+        if self.draining:
+            raise Refused("the broker is shutting down; submit to the next broker", 503)
+        if not self.state.nodes:
+            raise Refused("the broker has no GPUs", 503)
+        node_max = self.state.max_node_size
+        sizings = []
+        for i, spec in enumerate(specs):
+            try:
+                sizings.append(size_job(spec, self.config.book, node_max))
+            except SpecError as exc:
+                raise Refused(_in_batch(i, len(specs), exc), 400, exc.field) from None
+        names = dict(self.names)
+        with self.store.tx() as s:
+            first = self.store.next_job_id(s)
+            resolved = []
+            for i, spec in enumerate(specs):
+                job_id = first + i
+                after = []
+                for ref in spec.after:
+                    dep = names.get(ref) if isinstance(ref, str) else ref
+                    if dep is None or dep >= job_id or (dep < first and dep not in self.specs):
+                        raise Refused(
+                            _in_batch(i, len(specs), SpecError(
+                                "after", f"'{ref}' is not an earlier job (give the id or "
+                                "name of a job submitted before this one)")),
+                            400, "after")
+                    after.append(dep)
+                if spec.name:
+                    names[spec.name] = job_id
+                resolved.append(tuple(after))
+            now = time.time()
+            for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
+                s.add(JobRow(
+                    id=first + i, name=spec.name, model=spec.model, steps=spec.steps,
+                    gpus_request=spec.gpus, demand=sizing.demand, malleable=sizing.malleable,
+                    command=list(spec.command), emulate=spec.emulate, after=list(after),
+                    state=JobState.QUEUED.value, step=0, suspensions=0, submitted_at=now,
+                ))
+                self.store.log(s, "submitted", first + i, at=now, demand=sizing.demand,
+                               malleable=sizing.malleable)
+        ids = []
+        for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
+            job_id = first + i
+            self.specs[job_id] = spec
+            self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after))
+            ids.append(job_id)
+        self.names = names
+        self._wake.set()
+        return ids
+
+    def cancel(self, job_id: int) -> None:
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            raise Refused(f"no job {job_id}", 404)
+        if job.state.finished:
+            raise Refused(f"job {job_id} has already ended ({job.state})", 409)
+        live = self.live.get(job_id)
+        if live is None and job.state.holds_gpus:
+            self._cancel_pending.add(job_id)  # its process is being started right now
+        elif live is None:
+            self._finish_job(job_id, JobState.CANCELLED, "cancelled by the user")
+        else:
+            live.cancel = True
+            self._stop(job_id, live, "cancelled by the user")
+        self._wake.set()
+
+    async def drain(self, reason: str) -> None:
+        """Suspend every running job to its checkpoint, record it, and stop."""
+        if not self.draining:
+            self.draining = True
+            self._record_event("drain", reason=reason)
+            for job in list(self.state.jobs.values()):
+                if job.state is JobState.RUNNING and job.id in self.live:
+                    self.state.apply(Suspend(job.id, None, reason))
+                    self._suspend(job, reason)
+                elif job.state is JobState.SUSPENDING and job.resume_on is not None:
+                    # A promotion under way: keep the suspension, forget the reservation.
+                    self.state.jobs[job.id] = replace(job, resume_on=None)
+            self._wake.set()
+        await self._idle.wait()
+
+    # ------------------------------------------------------------ effects
+
+    async def _launch(self, job: Job, action: Start) -> None:
+        spec = self.specs[job.id]
+        jdir = self.job_dir(job.id)
+        (jdir / "checkpoint").mkdir(parents=True, exist_ok=True)
+        for stale in (ACK_FILE, PROGRESS_FILE):
+            (jdir / stale).unlink(missing_ok=True)
+        now = time.time()
+        with self.store.tx() as s:
+            row = s.get(JobRow, job.id)
+            start_step = row.step
+            resumed = row.started_at is not None
+            run = RunRow(job_id=job.id, node=action.node,
+                         gpu_ids=",".join(map(str, action.gpus)), gpu_count=len(action.gpus),
+                         role=action.role.value, started_at=now, start_step=start_step)
+            s.add(run)
+            s.flush()
+            run_id = run.id
+            row.state = JobState.RUNNING.value
+            row.started_at = row.started_at or now
+            self.store.log(s, "resumed" if resumed else "started", job.id, run_id, at=now,
+                           node=action.node, gpus=list(action.gpus), role=action.role.value,
+                           step=start_step)
+        devices = tuple(self.config.nodes[action.node][g] for g in action.gpus)
+        argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
+        env = {
+            "MARBLE_JOB_ID": str(job.id),
+            "MARBLE_RUN_ID": str(run_id),
+            "MARBLE_RUN_DIR": str(jdir),
+            "MARBLE_CHECKPOINT_DIR": str(jdir / "checkpoint"),
+            "MARBLE_BROKER_PID": str(os.getpid()),
+            "MARBLE_GPUS": str(len(devices)),
+            "MARBLE_ROLE": action.role.value,
+        }
+        if spec.steps:
+            env["MARBLE_TARGET_STEPS"] = str(spec.steps)
+        if spec.model:
+            env["MARBLE_MODEL"] = spec.model
+        if spec.emulate:
+            env["MARBLE_PROFILE"] = self.config.profile_ref
+            env["MARBLE_TIME_SCALE"] = repr(self.config.time_scale)
+        request = LaunchRequest(tuple(argv), env, action.node, devices, jdir,
+                                jdir / "stdout.log", jdir / "stderr.log")
+        try:
+            handle = await self.launcher.launch(request)
+        except OSError as exc:
+            self._end_run(job.id, run_id, exit_code=None, reason="failed", outcome=JobState.FAILED,
+                          detail=f"could not start {argv[0]!r}: {exc.strerror or exc}")
+            self.state.finished(job.id, JobState.FAILED)
+            return
+        with self.store.tx() as s:
+            r = s.get(RunRow, run_id)
+            r.pid, r.pid_start = handle.pid, handle.pid_start
+        live = LiveRun(run_id, handle, start_step)
+        self._watch(job.id, live)
+        # A cancel or a drain that came while the process was being started.
+        if job.id in self._cancel_pending:
+            self._cancel_pending.discard(job.id)
+            live.cancel = True
+            self._stop(job.id, live, "cancelled by the user")
+        elif self.draining:
+            self.state.apply(Suspend(job.id, None, "shutdown"))
+            self._suspend(self.state.jobs[job.id], "shutdown")
+
+    def _watch(self, job_id: int, live: LiveRun) -> None:
+        self.live[job_id] = live
+
+        async def wait_exit() -> None:
+            code = await live.handle.wait()
+            self._on_exit(job_id, live, code)
+
+        self._spawn(wait_exit())
+
+    def _suspend(self, job: Job, reason: str) -> None:
+        live = self.live[job.id]
+        live.reason = reason
+        if not job.malleable:
+            # A rigid job cannot checkpoint: stop it; it will start again from scratch.
+            self._stop(job.id, live, reason)
+            return
+        live.handle.signal(signal.SIGTSTP)
+        self._record_event("suspend-requested", job.id, live.run_id, reason=reason)
+        loop = asyncio.get_running_loop()
+        live.timers.append(
+            loop.call_later(self.config.suspend_timeout, self._no_ack, job.id, live)
+        )
+
+    def _no_ack(self, job_id: int, live: LiveRun) -> None:
+        if self.live.get(job_id) is live and live.acked is None:
+            self._record_event("suspend-timeout", job_id, live.run_id,
+                               timeout=self.config.suspend_timeout)
+            self._stop(job_id, live, live.reason or "suspend timed out")
+
+    def _stop(self, job_id: int, live: LiveRun, reason: str) -> None:
+        """SIGTERM now, SIGKILL after the kill timeout."""
+        live.escalated = True
+        live.handle.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        live.handle.signal(signal.SIGTERM)
+        self._record_event("stop", job_id, live.run_id, signal="SIGTERM", reason=reason)
+        live.timers.append(asyncio.get_running_loop().call_later(
+            self.config.kill_timeout, self._kill, job_id, live))
+
+    def _kill(self, job_id: int, live: LiveRun) -> None:
+        if self.live.get(job_id) is live:
+            live.escalated = True
+            live.handle.signal(signal.SIGKILL)
+            self._record_event("stop", job_id, live.run_id, signal="SIGKILL")
+
+    def check_acks(self) -> None:
+        """SIGUSR1 or the monitor tick: look for acknowledgement markers of suspending runs."""
+        for job_id, live in list(self.live.items()):
+            if live.acked is not None or self.state.jobs[job_id].state is not JobState.SUSPENDING:
+                continue
+            ack = read_json(self.job_dir(job_id) / ACK_FILE)
+            if ack is None or ack.get("run_id") != live.run_id:
+                continue
+            live.acked = ack
+            live.clear_timers()
+            latency = (time.time() - ack["signalled_at"]) if ack.get("signalled_at") else None
+            self._record_event("acknowledged", job_id, live.run_id, step=ack.get("step"),
+                               latency=latency)
+            # It should exit on its own now; do not let a slow teardown hold the GPUs.
+            live.timers.append(asyncio.get_running_loop().call_later(
+                self.config.kill_timeout, self._kill, job_id, live))
+
+    # ------------------------------------------------------------ exits
+
+    def _on_exit(self, job_id: int, live: LiveRun, code: int | None) -> None:
+        self.live.pop(job_id, None)
+        live.clear_timers()
+        self.check_acks_for(job_id, live)
+        job = self.state.jobs[job_id]
+        spec = self.specs[job_id]
+        progress = read_json(self.job_dir(job_id) / PROGRESS_FILE) or {}
+        if progress.get("run_id") != live.run_id:
+            progress = {}
+        ack = live.acked
+        end_step = ack["step"] if ack else progress.get("step")
+        reached = spec.steps is not None and end_step is not None and end_step >= spec.steps
+        if live.cancel:
+            outcome, why = JobState.CANCELLED, "cancelled by the user"
+        elif job.state is JobState.SUSPENDING:
+            if ack:
+                outcome, why = (JobState.DONE, "done") if reached else (
+                    JobState.SUSPENDED, live.reason)
+            elif code == 0 and not live.escalated:
+                outcome, why = JobState.DONE, "done before it saw the suspension"
+            elif live.escalated or code is None:
+                outcome, why = JobState.SUSPENDED, f"{live.reason}: stopped without a checkpoint"
+            else:
+                outcome, why = JobState.FAILED, f"exited with {code} while suspending"
+        elif code == 0 or (code is None and reached):
+            outcome, why = JobState.DONE, "done"
+        elif code is None:
+            outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
+        else:
+            outcome, why = JobState.FAILED, f"exited with {_describe_exit(code)}"
+        run_reason = {JobState.DONE: "done", JobState.SUSPENDED: "suspended",
+                      JobState.FAILED: "failed", JobState.CANCELLED: "cancelled"}[outcome]
+        if outcome is JobState.DONE and end_step is None:
+            end_step = spec.steps
+        self._end_run(job_id, live.run_id, exit_code=code, reason=run_reason, detail=why,
+                      end_step=end_step, start_step=progress.get("start_step"),
+                      outcome=outcome)
+        if outcome is JobState.SUSPENDED:
+            self.state.suspended(job_id)
+        else:
+            self.state.finished(job_id, outcome)
+        self._wake.set()
+
+    def check_acks_for(self, job_id: int, live: LiveRun) -> None:
+        if live.acked is None and self.state.jobs[job_id].state is JobState.SUSPENDING:
+            ack = read_json(self.job_dir(job_id) / ACK_FILE)
+            if ack and ack.get("run_id") == live.run_id:
+                live.acked = ack
+
+    # ------------------------------------------------------------ records
+
+    def _end_run(self, job_id: int, run_id: int, *, exit_code: int | None, reason: str,
+                 detail: str, end_step: int | None = None, start_step: int | None = None,
+                 outcome: JobState = JobState.SUSPENDED) -> None:
+        now = time.time()
+        with self.store.tx() as s:
+            run = s.get(RunRow, run_id)
+            run.ended_at, run.exit_code, run.end_reason = now, exit_code, reason
+            run.end_step = end_step
+            if start_step is not None:
+                run.start_step = start_step
+            row = s.get(JobRow, job_id)
+            row.state = outcome.value
+            if end_step is not None:
+                row.step = end_step
+            if outcome is JobState.SUSPENDED:
+                row.suspensions += 1
+            else:
+                row.finished_at, row.exit_code = now, exit_code
+            row.reason = detail
+            self.store.log(s, reason, job_id, run_id, at=now, exit_code=exit_code,
+                           step=end_step, detail=detail)
+
+    def _finish_job(self, job_id: int, state: JobState, reason: str) -> None:
+        """End a job that is not running (a cancel, a dependency that can never be met)."""
+        if not self.state.jobs[job_id].state.finished:
+            self.state.finished(job_id, state)
+        now = time.time()
+        with self.store.tx() as s:
+            row = s.get(JobRow, job_id)
+            row.state, row.finished_at, row.reason = state.value, now, reason
+            self.store.log(s, state.value, job_id, at=now, reason=reason)
+
+    def _record_event(self, kind: str, job_id: int | None = None, run_id: int | None = None,
+                      **data) -> None:
+        with self.store.tx() as s:
+            self.store.log(s, kind, job_id, run_id, **data)
+
+    # ------------------------------------------------------------ views
+
+    def job_view(self, row: JobRow) -> dict:
+        job = self.state.jobs.get(row.id)
+        view = {
+            "id": row.id, "name": row.name, "model": row.model, "steps": row.steps,
+            "state": (job.state if job else JobState(row.state)).value,
+            "role": job.role.value if job and job.role else None,
+            "node": job.placement.node if job and job.placement else None,
+            "gpus": list(job.gpus) if job else [],
+            "demand": row.demand, "malleable": row.malleable,
+            "gpus_request": "auto" if row.gpus_request is None else row.gpus_request,
+            "step": row.step, "suspensions": row.suspensions, "after": row.after,
+            "command": row.command, "emulate": row.emulate,
+            "submitted_at": row.submitted_at, "started_at": row.started_at,
+            "finished_at": row.finished_at, "exit_code": row.exit_code, "reason": row.reason,
+        }
+        live = self.live.get(row.id)
+        if live:
+            progress = read_json(self.job_dir(row.id) / PROGRESS_FILE)
+            if progress and progress.get("run_id") == live.run_id:
+                view["step"] = progress["step"]
+        return view
+
+    def status(self) -> dict:
+        counts: dict[str, int] = {}
+        for job in self.state.jobs.values():
+            counts[job.state.value] = counts.get(job.state.value, 0) + 1
+        return {
+            "pid": os.getpid(),
+            "policy": self.policy.name,
+            "profile": self.config.book.system,
+            "nodes": {n: {"gpus": list(d), "free": self.state.free(n)}
+                      for n, d in self.config.nodes.items()},
+            "jobs": counts,
+            "draining": self.draining,
+            "started_at": self.started_at,
+            "time_scale": self.config.time_scale,
+        }
+
+
+@dataclass
+class AdoptedRun:
+    """A run started by an earlier broker: not our child, so it is watched through /proc."""
+
+    pid: int
+    pid_start: int | None
+
+    async def wait(self) -> int | None:
+        while process_start_time(self.pid) == self.pid_start:
+            await asyncio.sleep(0.2)
+        return None  # the exit code of a process that is not our child is not ours to know
+
+    def signal(self, sig: int) -> bool:
+        if process_start_time(self.pid) != self.pid_start:
+            return False
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _spec_doc(row: JobRow) -> dict:
+    doc = {"emulate": row.emulate, "model": row.model, "steps": row.steps,
+           "gpus": row.gpus_request or "auto", "after": row.after, "name": row.name}
+    if row.command:
+        doc["command"] = row.command
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+def _in_batch(index: int, total: int, exc: SpecError) -> str:
+    return str(exc) if total == 1 else f"jobs[{index}].{exc}"
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+

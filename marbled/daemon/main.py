@@ -1,0 +1,118 @@
+"""Start a broker on a state directory: lock it, open the store, serve the API, run the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+from aiohttp import web
+
+from marbled.api.server import build_app
+from marbled.core.policy import get_policy
+from marbled.daemon.broker import Broker, BrokerConfig
+from marbled.launch.local import LocalLauncher
+from marbled.store.db import Store
+
+log = logging.getLogger("marbled")
+
+SOCKET_NAME = "marbled.sock"
+DB_NAME = "marble.db"
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the trailing NUL
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def allocation_id() -> str:
+    for var in ("SLURM_JOB_ID", "LSB_JOBID"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return "local"
+
+
+def default_state_dir() -> Path:
+    """MARBLE_STATE_DIR, else one directory per allocation under the XDG state home."""
+    if os.environ.get("MARBLE_STATE_DIR"):
+        return Path(os.environ["MARBLE_STATE_DIR"])
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "marble" / allocation_id()
+
+
+def socket_path(state_dir: Path) -> Path:
+    return Path(state_dir) / SOCKET_NAME
+
+
+def prepare_state_dir(state_dir: Path) -> int:
+    """Create the directory (0700) and take its lock; returns the lock's file descriptor."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(state_dir, 0o700)
+    if len(str(socket_path(state_dir).absolute())) > MAX_SOCKET_PATH:
+        raise StartupError(
+            f"state directory path is too long for a Unix socket ({MAX_SOCKET_PATH} bytes "
+            "at most with the socket name); choose a shorter --state-dir"
+        )
+    fd = os.open(state_dir / "marbled.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.read(fd, 32).decode().strip() or "?"
+        os.close(fd)
+        raise StartupError(
+            f"another marbled (pid {other}) is running on {state_dir}; "
+            "stop it with 'marble shutdown' or use another --state-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+async def serve(config: BrokerConfig, policy_name: str, gpu_source: str) -> None:
+    lock_fd = prepare_state_dir(config.state_dir)
+    store = Store(config.state_dir / DB_NAME)
+    store.set_meta(policy=policy_name, profile=config.book.system,
+                   nodes=json.dumps(config.nodes), gpu_source=gpu_source,
+                   time_scale=config.time_scale)
+    broker = Broker(config, store, LocalLauncher(), get_policy(policy_name))
+    broker.recover()
+    loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task] = []
+
+    def shutdown(reason: str = "shutdown") -> None:
+        if not draining:
+            log.info("draining: %s", reason)
+            draining.append(loop.create_task(broker.drain(reason)))
+
+    app = build_app(broker, shutdown)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    path = socket_path(config.state_dir)
+    path.unlink(missing_ok=True)  # we hold the lock, so any socket here is stale
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window for other users
+    try:
+        await web.UnixSite(runner, str(path)).start()
+    finally:
+        os.umask(old_umask)
+    for sig, why in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
+        loop.add_signal_handler(sig, shutdown, f"received {why}")
+    nodes = ", ".join(f"{n}: {len(d)} GPUs" for n, d in config.nodes.items())
+    log.info("marbled %d ready on %s (%s, policy %s, %s)", os.getpid(), path, nodes,
+             policy_name, gpu_source)
+    try:
+        await broker.run()
+    finally:
+        await runner.cleanup()
+        path.unlink(missing_ok=True)
+        store.close()
+        os.close(lock_fd)
+    log.info("marbled stopped")
+
+
+def local_node_name() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"

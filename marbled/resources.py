@@ -1,0 +1,85 @@
+"""Files the broker reads: profiles (by name or path) and job-set files, with located errors."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from marbled.core.profiles import ProfileBook, ProfileError
+from marbled.core.spec import JobSpec, SpecError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PROFILE = "summit-v100"
+
+
+def profile_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("MARBLE_PROFILE_PATH", "").split(":") if p]
+    return [*extra, PROJECT_ROOT / "profiles"]
+
+
+def find_profile(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ProfileError(f"{path}: no such profile file")
+        return path
+    for d in profile_dirs():
+        for suffix in (".yaml", ".yml"):
+            if (d / f"{name_or_path}{suffix}").is_file():
+                return d / f"{name_or_path}{suffix}"
+    known = sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.y*ml")})
+    raise ProfileError(
+        f"no profile named '{name_or_path}' (known: {', '.join(known) or 'none'}); "
+        "give a name, a YAML path, or add a directory to MARBLE_PROFILE_PATH"
+    )
+
+
+@lru_cache(maxsize=16)
+def _load_profile_file(path: Path, mtime: float) -> ProfileBook:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+    return ProfileBook.from_mapping(doc, source=str(path))
+
+
+def load_profile(name_or_path: str = DEFAULT_PROFILE) -> ProfileBook:
+    path = find_profile(name_or_path).resolve()
+    return _load_profile_file(path, path.stat().st_mtime)
+
+
+class JobFileError(ValueError):
+    """A job-set file that cannot be submitted; the message names file, line and field."""
+
+
+def load_job_file(path: Path) -> list[JobSpec]:
+    """Read a job-set file: a YAML list of jobs, or a mapping with a 'jobs' list.
+
+    Each job takes the fields of `marble submit` (command or emulate, model,
+    steps, gpus, after, name).
+    """
+    try:
+        text = Path(path).read_text()
+        root = yaml.compose(text)
+        doc = yaml.safe_load(text)
+    except OSError as exc:
+        raise JobFileError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise JobFileError(f"{path}: not valid YAML: {exc}") from None
+    nodes = root.value if root is not None else []
+    if isinstance(doc, dict) and set(doc) == {"jobs"}:
+        doc = doc["jobs"]
+        nodes = next(v.value for k, v in root.value if k.value == "jobs")
+    if not isinstance(doc, list) or not doc:
+        raise JobFileError(f"{path}: expected a non-empty list of jobs (or 'jobs:' with a list)")
+    specs = []
+    for i, (entry, node) in enumerate(zip(doc, nodes, strict=True), start=1):
+        try:
+            specs.append(JobSpec.from_mapping(entry))
+        except SpecError as exc:
+            line = node.start_mark.line + 1
+            raise JobFileError(f"{path}:{line}: job {i}: {exc}") from None
+    return specs

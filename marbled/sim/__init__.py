@@ -1,0 +1,1 @@
+"""Discrete-event simulation driving the same policies as the daemon."""

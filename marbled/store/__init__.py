@@ -1,0 +1,1 @@
+"""Persistent state of a broker (SQLAlchemy over SQLite)."""

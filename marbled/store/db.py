@@ -1,0 +1,163 @@
+"""SQLite state of one broker: jobs, runs (launch segments) and an append-only event journal.
+
+One SQLite file in WAL mode under the state directory. Every state change is
+written in one transaction together with its event row, so the journal and the
+derived tables never disagree, and a `kill -9` between two changes loses
+neither. `sql/schema.sql` mirrors these tables for staff.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str | None] = mapped_column(String(128))
+    steps: Mapped[int | None] = mapped_column(Integer)
+    gpus_request: Mapped[int | None] = mapped_column(Integer)  # NULL = auto
+    demand: Mapped[int] = mapped_column(Integer)  # optimal or requested GPU count
+    malleable: Mapped[bool] = mapped_column(Boolean)
+    command: Mapped[list] = mapped_column(JSON)
+    emulate: Mapped[bool] = mapped_column(Boolean, default=False)
+    after: Mapped[list] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    step: Mapped[int] = mapped_column(Integer, default=0)  # last step known (checkpoint/progress)
+    suspensions: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(String)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    node: Mapped[str] = mapped_column(String(128))
+    gpu_ids: Mapped[str] = mapped_column(String)  # comma list of GPU slots, e.g. "0,1,2"
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    start_step: Mapped[int | None] = mapped_column(Integer)
+    end_step: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str | None] = mapped_column(String)  # done, suspended, failed, ...
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_start: Mapped[int | None] = mapped_column(Integer)  # /proc start time, against pid reuse
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    data: Mapped[dict | None] = mapped_column(JSON)
+
+
+class MetaRow(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String)
+
+
+class Store:
+    """The broker's SQLite database. Writes happen only on the broker's event loop thread."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.engine = create_engine(f"sqlite:///{self.path}", json_serializer=json.dumps)
+        event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        with self.tx() as s:
+            if s.get(MetaRow, "schema_version") is None:
+                s.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on error."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @staticmethod
+    def log(s: Session, kind: str, job_id: int | None = None, run_id: int | None = None,
+            at: float | None = None, **data) -> None:
+        s.add(EventRow(at=at or time.time(), kind=kind, job_id=job_id, run_id=run_id,
+                       data=data or None))
+
+    def set_meta(self, **values: str) -> None:
+        with self.tx() as s:
+            for key, value in values.items():
+                s.merge(MetaRow(key=key, value=str(value)))
+
+    def meta(self) -> dict[str, str]:
+        with self.tx() as s:
+            return {m.key: m.value for m in s.scalars(select(MetaRow))}
+
+    def jobs(self, ids: list[int] | None = None) -> list[JobRow]:
+        with self.tx() as s:
+            q = select(JobRow).order_by(JobRow.id)
+            if ids is not None:
+                q = q.where(JobRow.id.in_(ids))
+            return list(s.scalars(q))
+
+    def runs(self, job_id: int | None = None) -> list[RunRow]:
+        with self.tx() as s:
+            q = select(RunRow).order_by(RunRow.started_at, RunRow.id)
+            if job_id is not None:
+                q = q.where(RunRow.job_id == job_id)
+            return list(s.scalars(q))
+
+    def events(self, job_id: int | None = None) -> list[EventRow]:
+        with self.tx() as s:
+            q = select(EventRow).order_by(EventRow.id)
+            if job_id is not None:
+                q = q.where(EventRow.job_id == job_id)
+            return list(s.scalars(q))
+
+    def next_job_id(self, s: Session) -> int:
+        return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode survives a crash of the process (kill -9) with every
+    # committed transaction; only an OS crash may lose the last few.
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()

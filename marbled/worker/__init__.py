@@ -1,0 +1,1 @@
+"""The library a training job uses to take part in suspend/resume."""
