@@ -90,7 +90,8 @@ def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobse
                 )
                 now = time.monotonic()
                 if not as_json and (tty or now - last >= 5 or not left):
-                    print(f"{'\r' if tty else ''}  {now - t0:5.1f} s: {left} jobs still to finish",
+                    prefix = "\r" if tty else ""
+                    print(f"{prefix}  {now - t0:5.1f} s: {left} jobs still to finish",
                           end="" if tty else "\n", file=sys.stderr, flush=True)
                     last = now
                 if not left:

@@ -78,7 +78,8 @@ def submit(ctx, model, steps, gpus, after, name, emulate, job_file, as_json, com
     """
     if job_file:
         if command or model or steps or emulate or name or after:
-            raise click.UsageError("--file takes every job from the file; give no other job options")
+            raise click.UsageError(
+                "--file takes every job from the file; give no other job options")
         try:
             specs = load_job_file(job_file)
         except JobFileError as exc:
@@ -113,7 +114,8 @@ def _fmt_job(j: dict) -> str:
     gpus = ",".join(map(str, j["gpus"])) or "-"
     label = j["name"] or j["model"] or " ".join(j["command"])[:20]
     return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
-            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} {j['suspensions']:>4}")
+            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} "
+            f"{j['suspensions']:>4}")
 
 
 @main.command()

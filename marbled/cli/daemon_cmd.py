@@ -16,8 +16,7 @@ from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.broker import BrokerConfig
 from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
-from marbled.daemon.main import StartupError, default_state_dir, local_node_name, serve, \
-    socket_path
+from marbled.daemon.main import StartupError, default_state_dir, local_node_name, serve, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
 

@@ -116,21 +116,16 @@ class Broker:
                       suspensions=row.suspensions)
             run = open_runs.get(row.id)
             if state.holds_gpus and run is not None:
+                # Adopt the run: if its process still lives it is watched through /proc,
+                # if it ended while no broker watched, its exit is handled right away.
                 placement = Placement(run.node, tuple(int(g) for g in run.gpu_ids.split(",")))
-                alive = run.pid and process_start_time(run.pid) == run.pid_start
-                if alive:
-                    job = Job(job.id, job.demand, job.malleable, job.after, JobState.RUNNING,
-                              Role(run.role), placement, suspensions=job.suspensions)
-                    self.state.submit(job)
-                    handle = AdoptedRun(run.pid, run.pid_start)
-                    self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0))
-                    self._record_event("adopted", job.id, run.id, pid=run.pid)
-                    continue
-                # The process ended while no broker watched it: resume from its checkpoint.
-                state = JobState.SUSPENDED
-                self.state.submit(job)
-                self._end_run(job.id, run.id, exit_code=None, reason="lost",
-                              detail="the run ended while the broker was down")
+                self.state.submit(replace(job, state=state, role=Role(run.role),
+                                          placement=placement))
+                handle = AdoptedRun(run.pid or 0, run.pid_start)
+                self._record_event("adopted", job.id, run.id, pid=run.pid,
+                                   alive=handle.alive())
+                self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0,
+                                            reason="broker restart"))
                 continue
             if state.holds_gpus:
                 state = JobState.SUSPENDED
@@ -424,6 +419,11 @@ class Broker:
                       JobState.FAILED: "failed", JobState.CANCELLED: "cancelled"}[outcome]
         if outcome is JobState.DONE and end_step is None:
             end_step = spec.steps
+        if outcome is JobState.SUSPENDED and not ack:
+            # Stopped by force: the step it reached and the step of its last checkpoint are
+            # unknown (progress reports lag); the next run reports where it resumed.
+            why = f"{why} (last reported step {end_step})"
+            end_step = None
         self._end_run(job_id, live.run_id, exit_code=code, reason=run_reason, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
                       outcome=outcome)
@@ -526,13 +526,16 @@ class AdoptedRun:
     pid: int
     pid_start: int | None
 
+    def alive(self) -> bool:
+        return self.pid > 0 and process_start_time(self.pid) == self.pid_start
+
     async def wait(self) -> int | None:
-        while process_start_time(self.pid) == self.pid_start:
+        while self.alive():
             await asyncio.sleep(0.2)
         return None  # the exit code of a process that is not our child is not ours to know
 
     def signal(self, sig: int) -> bool:
-        if process_start_time(self.pid) != self.pid_start:
+        if not self.alive():
             return False
         try:
             os.killpg(self.pid, sig)

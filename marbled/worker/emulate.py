@@ -89,7 +89,7 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             checkpoint()
             saved = {"step": step}
-        proto.report(step)
+        proto.report(step, every=0.25)
     checkpoint()
     proto.report(step, force=True)
     return 0

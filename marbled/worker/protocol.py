@@ -68,6 +68,7 @@ class JobProtocol:
     broker_pid: int | None = None
     target_steps: int | None = None
     gpus: int = 0
+    start_step: int | None = None  # where this run began (after restoring its checkpoint)
     suspend_requested: bool = False
     signalled_at: float | None = None
     _last_report: float = field(default=0.0, repr=False)
@@ -111,9 +112,10 @@ class JobProtocol:
         if self.run_dir is None or (not force and now - self._last_report < every):
             return
         self._last_report = now
-        payload = {"run_id": self.run_id, "step": step, "time": now}
         if start_step is not None:
-            payload["start_step"] = start_step
+            self.start_step = start_step
+        payload = {"run_id": self.run_id, "step": step, "start_step": self.start_step,
+                   "time": now}
         atomic_write_json(self.run_dir / PROGRESS_FILE, payload, durable=False)
 
     def acknowledge(self, step: int) -> None:

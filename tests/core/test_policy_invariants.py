@@ -1,0 +1,261 @@
+"""Property tests: both policies keep their invariants on random queues and random events.
+
+A driver loop stands in for the daemon: it asks the policy for actions, applies
+them to the `State`, then lets a random event happen (a holder of GPUs ends,
+usually DONE and sometimes FAILED, or a suspending job finishes checkpointing),
+until every job has ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marbled.core.model import (
+    Cancel,
+    Job,
+    JobState,
+    Node,
+    Role,
+    Start,
+    State,
+    Suspend,
+)
+from marbled.core.policy import get_policy
+from marbled.core.policy.base import dependency_status
+
+MAX_ITERATIONS = 500
+
+
+@dataclass(frozen=True)
+class Scenario:
+    sizes: tuple[int, ...]
+    jobs: tuple[Job, ...]
+
+    def state(self) -> State:
+        nodes = {f"n{i}": Node(f"n{i}", tuple(range(s))) for i, s in enumerate(self.sizes)}
+        state = State(nodes=nodes)
+        for job in self.jobs:
+            state.submit(job)
+        return state
+
+
+@st.composite
+def scenarios(draw) -> Scenario:
+    sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=3)))
+    count = draw(st.integers(1, 25))
+    jobs = []
+    for i in range(1, count + 1):
+        demand = draw(st.integers(1, max(sizes)))
+        malleable = draw(st.booleans())
+        after: tuple[int, ...] = ()
+        if i > 1 and draw(st.integers(0, 3)) == 0:
+            deps = draw(st.sets(st.integers(1, i - 1), min_size=1, max_size=3))
+            after = tuple(sorted(deps))
+        jobs.append(Job(i, demand, malleable, after))
+    return Scenario(sizes, tuple(jobs))
+
+
+# ---------------------------------------------------------------- invariants
+
+
+def check_state(state: State) -> None:
+    """What must hold after every transition."""
+    holders: dict[tuple[str, int], int] = {}
+    reserved: dict[tuple[str, int], int] = {}
+    for job in state.jobs.values():
+        if job.placement is not None:
+            p = job.placement
+            assert job.state.holds_gpus, f"job {job.id} is {job.state} but holds {p}"
+            assert p.node in state.nodes
+            node = state.nodes[p.node]
+            assert len(p.gpus) == len(set(p.gpus)), f"job {job.id} holds a GPU twice: {p}"
+            assert 1 <= len(p.gpus) <= node.size
+            assert set(p.gpus) <= set(node.gpus), f"job {job.id}: {p} not GPUs of {node}"
+            for g in p.gpus:
+                key = (p.node, g)
+                assert key not in holders, f"GPU {key} held by {holders[key]} and {job.id}"
+                holders[key] = job.id
+        else:
+            assert not job.state.holds_gpus, f"job {job.id} is {job.state} without GPUs"
+        if job.resume_on is not None:
+            r = job.resume_on
+            assert job.state in (JobState.SUSPENDING, JobState.SUSPENDED)
+            assert set(r.gpus) <= set(state.nodes[r.node].gpus)
+            assert len(r.gpus) == len(set(r.gpus)) == job.demand
+            for g in r.gpus:
+                key = (r.node, g)
+                assert key not in reserved, f"GPU {key} reserved for {reserved[key]} and {job.id}"
+                reserved[key] = job.id
+        if job.state.finished:
+            assert job.placement is None and job.resume_on is None
+        if not job.malleable:
+            assert job.role is not Role.SECONDARY, f"rigid job {job.id} is a secondary"
+            assert job.state not in (JobState.SUSPENDING, JobState.SUSPENDED)
+            assert job.suspensions == 0
+    for key, owner in reserved.items():
+        holder = holders.get(key, owner)
+        assert holder == owner, f"GPU {key} held by job {holder} but reserved for job {owner}"
+
+
+def check_decision(policy: str, state: State, actions: list) -> None:
+    """What must hold of one decision, against the state it was taken on."""
+    jobs = state.jobs
+    ids = [a.job for a in actions]
+    assert len(ids) == len(set(ids)), f"two actions for one job: {actions}"
+
+    eligible = [j.id for j in jobs.values() if j.waiting and dependency_status(j, state) == "ready"]
+    fresh = [a.job for a in actions if isinstance(a, Start) and jobs[a.job].waiting]
+    # FIFO with head-of-line blocking: the jobs started from the queue are the
+    # first eligible ones, in order; none starts while an earlier one waits.
+    assert fresh == eligible[: len(fresh)], f"eligible {eligible}, started {fresh}"
+
+    for action in actions:
+        job = jobs[action.job]
+        match action:
+            case Start(node=node_name, gpus=gpus, role=role):
+                node = state.nodes[node_name]
+                assert set(gpus) <= set(node.gpus)
+                assert len(gpus) == len(set(gpus)) >= 1
+                if job.waiting:
+                    for dep in job.after:
+                        assert jobs[dep].state is JobState.DONE, (
+                            f"job {job.id} starts before its dependency {dep} is done"
+                        )
+                else:
+                    assert job.state is JobState.SUSPENDED and job.resume_on is not None
+                    assert (node_name, tuple(gpus)) == (job.resume_on.node, job.resume_on.gpus)
+                    assert role is Role.PRIMARY
+                if policy == "marble":
+                    if role is Role.PRIMARY:
+                        assert len(gpus) == job.demand, f"primary {job.id} on {gpus}"
+                    else:
+                        assert role is Role.SECONDARY
+                        assert job.malleable, f"rigid job {job.id} started as a secondary"
+                        assert len(gpus) < job.demand
+                else:
+                    assert role is Role.PRIMARY
+                    want = node.size if job.malleable else job.demand
+                    assert len(gpus) == want, f"rigid policy: job {job.id} on {gpus}"
+            case Suspend(resume_on=target):
+                assert policy == "marble", "the rigid policy never suspends"
+                assert job.malleable, f"rigid job {job.id} suspended"
+                assert job.state is JobState.RUNNING and job.role is Role.SECONDARY
+                assert target is not None and target.node == job.placement.node
+                assert set(job.gpus) < set(target.gpus)
+                assert len(target.gpus) == job.demand
+            case Cancel():
+                assert job.waiting
+                assert dependency_status(job, state) == "broken"
+            case _:
+                raise AssertionError(f"unknown action {action!r}")
+
+    # No deadlock: with every GPU free, an eligible job must be started.
+    idle = all(j.placement is None and j.resume_on is None for j in jobs.values())
+    if idle and eligible:
+        assert fresh, f"nothing runs, job {eligible[0]} is eligible, yet no start: {actions}"
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def drive(policy_name: str, scenario: Scenario, data) -> State:
+    policy = get_policy(policy_name)
+    state = scenario.state()
+    check_state(state)
+    for _ in range(MAX_ITERATIONS):
+        snapshot = State(nodes=state.nodes, jobs=dict(state.jobs))
+        actions = policy.decide(state)
+        assert state.jobs == snapshot.jobs, "decide() changed the state"
+        check_decision(policy_name, snapshot, actions)
+        for action in actions:
+            state.apply(action)
+            check_state(state)
+        if not state.active():
+            break
+        events = [("end", j.id) for j in state.jobs.values() if j.state.holds_gpus]
+        events += [
+            ("suspended", j.id) for j in state.jobs.values() if j.state is JobState.SUSPENDING
+        ]
+        if not events:
+            assert actions, f"deadlock: nothing runs and nothing is started: {state.jobs}"
+            continue
+        kind, job_id = data.draw(st.sampled_from(events), label="event")
+        if kind == "end":
+            fails = data.draw(st.integers(0, 9), label="outcome") == 9
+            state.finished(job_id, JobState.FAILED if fails else JobState.DONE)
+        else:
+            state.suspended(job_id)
+        check_state(state)
+    assert not state.active(), f"not finished after {MAX_ITERATIONS} iterations: {state.jobs}"
+    return state
+
+
+def check_outcome(state: State) -> None:
+    for job in state.jobs.values():
+        deps_done = all(state.jobs[d].state is JobState.DONE for d in job.after)
+        if not deps_done:
+            assert job.state is JobState.CANCELLED, (
+                f"job {job.id} is {job.state} though a dependency did not succeed"
+            )
+        else:
+            assert job.state in (JobState.DONE, JobState.FAILED), (
+                f"job {job.id} is {job.state} though its dependencies succeeded"
+            )
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios(), data=st.data())
+def test_marble_invariants(scenario, data):
+    check_outcome(drive("marble", scenario, data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios(), data=st.data())
+def test_rigid_invariants(scenario, data):
+    check_outcome(drive("rigid", scenario, data))
+
+
+# ---------------------------------------------------------------- targeted cases
+
+
+def test_failed_dependency_cancels_the_chain():
+    state = State.single_node(4)
+    for job in (Job(1, 2, True), Job(2, 2, True, (1,)), Job(3, 1, False, (2,)), Job(4, 2, True)):
+        state.submit(job)
+    policy = get_policy("marble")
+    for a in policy.decide(state):
+        state.apply(a)
+    assert state.jobs[1].state is JobState.RUNNING
+    assert state.jobs[4].state is JobState.RUNNING  # 2 waits for 1, 4 is next eligible
+    assert state.jobs[2].state is JobState.QUEUED
+    state.finished(1, JobState.FAILED)
+    actions = policy.decide(state)
+    assert Cancel(2, "a job it depends on failed or was cancelled") in actions
+    for a in actions:
+        state.apply(a)
+    for a in policy.decide(state):
+        state.apply(a)
+    assert state.jobs[2].state is JobState.CANCELLED
+    assert state.jobs[3].state is JobState.CANCELLED
+
+
+def test_unknown_dependency_is_broken():
+    state = State.single_node(2)
+    state.submit(Job(1, 1, True, (99,)))
+    assert get_policy("rigid").decide(state) == [
+        Cancel(1, "a job it depends on failed or was cancelled")
+    ]
+
+
+def test_rigid_head_of_line_blocks_the_queue():
+    state = State.single_node(4)
+    for job in (Job(1, 3, False), Job(2, 2, False), Job(3, 1, False)):
+        state.submit(job)
+    for policy in ("rigid", "marble"):
+        s = State(nodes=state.nodes, jobs=dict(state.jobs))
+        actions = get_policy(policy).decide(s)
+        # job 2 does not fit next to job 1; job 3 would, but must not overtake job 2
+        assert actions == [Start(1, "node0", (0, 1, 2), Role.PRIMARY)], policy

@@ -1,0 +1,115 @@
+"""A real marbled process on a real Unix socket, with its real SQLite file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.daemon.main import DB_NAME, socket_path
+
+FINAL = {"done", "failed", "cancelled"}
+
+
+@dataclass
+class Daemon:
+    state_dir: Path
+    proc: subprocess.Popen
+    client: BrokerClient
+
+    def submit(self, *jobs: dict) -> list[dict]:
+        return self.client.post("/v1/jobs", {"jobs": list(jobs)})["jobs"]
+
+    def jobs(self) -> list[dict]:
+        return self.client.get("/v1/jobs")["jobs"]
+
+    def wait_all(self, timeout: float = 60.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jobs = self.jobs()
+            if all(j["state"] in FINAL for j in jobs):
+                return jobs
+            assert self.proc.poll() is None, self.log()
+            time.sleep(0.1)
+        raise AssertionError(f"jobs not finished after {timeout} s: {self.jobs()}")
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def query(self, sql: str, *args) -> list[sqlite3.Row]:
+        """Read the broker's database directly, as centre staff would."""
+        con = sqlite3.connect(self.state_dir / DB_NAME)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute(sql, args).fetchall()
+        finally:
+            con.close()
+
+    def runs(self) -> list[sqlite3.Row]:
+        return self.query("SELECT * FROM runs ORDER BY started_at, id")
+
+    def log(self) -> str:
+        path = self.state_dir / "marbled.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def start_daemon(state_dir: Path, *args: str, gpus: int = 6, time_scale: float = 0.01,
+                 env: dict | None = None) -> Daemon:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir", str(state_dir),
+            "--gpus", str(gpus), "--time-scale", str(time_scale), "--monitor-interval", "0.1",
+            "--log-level", "debug", *args]
+    log = open(state_dir / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                            env={**os.environ, **(env or {})})
+    client = BrokerClient(socket_path(state_dir), timeout=10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (state_dir / "marbled.log").read_text()
+        try:
+            if client.get("/v1/status")["pid"] == proc.pid:
+                return Daemon(state_dir, proc, client)
+        except (BrokerUnreachable, OSError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("marbled did not answer within 30 s")
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    started: list[Daemon] = []
+
+    def make(*args: str, state_dir: Path | None = None, **kw) -> Daemon:
+        d = start_daemon(state_dir or tmp_path / "state", *args, **kw)
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        if d.proc.poll() is None:
+            d.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory) -> Daemon:
+    return daemon_factory()

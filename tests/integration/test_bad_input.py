@@ -1,0 +1,127 @@
+"""Bad input through the real API and CLI: a clear 4xx/usage error, the daemon keeps running,
+and nothing already submitted is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from marbled.cli.client import _UnixConnection
+from marbled.daemon.main import socket_path
+
+pytestmark = pytest.mark.daemon
+
+GOOD = {"model": "resnet-50", "steps": 10, "gpus": 1, "command": ["sleep", "30"]}
+
+
+def raw(daemon, method: str, path: str, body: bytes | None = None,
+        content_type: str = "application/json") -> tuple[int, dict]:
+    conn = _UnixConnection(str(socket_path(daemon.state_dir)), timeout=10)
+    try:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def post_job(daemon, doc) -> tuple[int, dict]:
+    return raw(daemon, "POST", "/v1/jobs", json.dumps(doc).encode())
+
+
+@pytest.fixture
+def busy_daemon(daemon):
+    """A daemon that already holds one job, which must survive every bad request."""
+    (job,) = daemon.submit(GOOD)
+    yield daemon
+    assert daemon.proc.poll() is None, "the daemon died"
+    jobs = daemon.jobs()
+    assert jobs[0]["id"] == job["id"] and jobs[0]["state"] == "running"
+    assert daemon.query("PRAGMA integrity_check")[0][0] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "field", "says"),
+    [
+        ({"model": "no-such-net", "steps": 10, "command": ["true"]}, 400, "model",
+         "explicit GPU count"),
+        ({"command": ["true"]}, 400, "gpus", "explicit GPU count"),
+        ({"model": "resnet-50", "steps": 0, "command": ["true"]}, 400, "steps", "from 1"),
+        ({"model": "resnet-50", "steps": -5, "command": ["true"]}, 400, "steps", "from 1"),
+        ({"gpus": 7, "command": ["true"]}, 400, "gpus", "largest node has 6"),
+        ({"gpus": 0, "command": ["true"]}, 400, "gpus", "'auto' or a whole number"),
+        ({"model": "resnet-50", "command": ["true"], "priority": 3}, 400, "priority",
+         "unknown field"),
+        ({"model": "resnet-50", "steps": 5}, 400, "command", "either a command"),
+        ({"model": "resnet-50", "steps": "ten", "command": ["true"]}, 400, "steps", "whole"),
+        ({"model": "resnet-50", "command": ["true"], "after": [99]}, 400, "after",
+         "not an earlier job"),
+        ({"emulate": True, "model": "no-such-net", "steps": 5}, 400, "model", "known:"),
+        ([1, 2], 400, "job", "must be an object"),
+        ({"jobs": []}, 400, "jobs", "non-empty list"),
+    ],
+)
+def test_bad_job_is_refused_with_a_message_naming_the_field(busy_daemon, doc, status, field,
+                                                            says):
+    code, body = post_job(busy_daemon, doc)
+    assert code == status
+    assert body["field"].endswith(field), body
+    assert says in body["error"], body
+
+
+def test_batch_with_one_bad_job_stores_none_of_it(busy_daemon):
+    code, body = post_job(busy_daemon, {"jobs": [GOOD, {**GOOD, "steps": 0}, GOOD]})
+    assert code == 400 and body["field"] == "jobs[1].steps"
+    assert len(busy_daemon.jobs()) == 1
+
+
+def test_malformed_json_wrong_type_and_oversized_bodies(busy_daemon):
+    code, body = raw(busy_daemon, "POST", "/v1/jobs", b'{"model": "resnet-50",')
+    assert code == 400 and "not valid JSON" in body["error"]
+    code, body = raw(busy_daemon, "POST", "/v1/jobs", b"model=x", "text/plain")
+    assert code == 415 and "application/json" in body["error"]
+    code, body = raw(busy_daemon, "POST", "/v1/jobs", b"[" + b"1," * 3_000_000 + b"1]")
+    assert code == 413 and "limit" in body["error"]
+
+
+def test_bad_paths_and_states(busy_daemon):
+    assert raw(busy_daemon, "GET", "/v1/jobs/abc")[0] == 400
+    assert raw(busy_daemon, "GET", "/v1/jobs/42")[0] == 404
+    assert raw(busy_daemon, "POST", "/v1/jobs/42/cancel", b"{}")[0] == 404
+    assert raw(busy_daemon, "GET", "/v1/jobs?state=sleeping")[0] == 400
+    assert raw(busy_daemon, "GET", "/v1/nothing-here")[0] == 404
+    assert raw(busy_daemon, "DELETE", "/v1/jobs")[0] == 405
+
+
+def test_cancel_of_ended_job_is_a_conflict(daemon):
+    (job,) = daemon.submit({"gpus": 1, "command": ["true"]})
+    daemon.wait_all(timeout=20)
+    code, body = raw(daemon, "POST", f"/v1/jobs/{job['id']}/cancel", b"{}")
+    assert code == 409 and "already ended" in body["error"]
+
+
+def _marble(daemon, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", *args],
+                          env={**os.environ, "MARBLE_STATE_DIR": str(daemon.state_dir)},
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_cli_reports_bad_input_and_what_to_change(busy_daemon, tmp_path):
+    out = _marble(busy_daemon, "submit", "--model", "resnet-50", "--steps", "0", "--", "true")
+    assert out.returncode == 2 and "--steps" in out.stderr
+    out = _marble(busy_daemon, "submit", "--model", "mystery", "--steps", "5", "--", "true")
+    assert out.returncode == 1 and "explicit GPU count" in out.stderr
+    out = _marble(busy_daemon, "submit", "--gpus", "9", "--", "true")
+    assert out.returncode == 1 and "at most 6" in out.stderr
+    bad = tmp_path / "jobs.yaml"
+    bad.write_text("jobs:\n  - {model: resnet-50, steps: 5, emulate: true}\n"
+                   "  - {model: resnet-50, stepz: 5, emulate: true}\n")
+    out = _marble(busy_daemon, "submit", "--file", str(bad))
+    assert out.returncode == 1 and f"{bad}:3: job 2: stepz" in out.stderr
+    out = _marble(busy_daemon, "show", "77")
+    assert out.returncode == 1 and "no job 77" in out.stderr

@@ -1,0 +1,125 @@
+"""Suspend and resume through the real daemon: emulated jobs, real processes and signals."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.daemon
+
+EMULATE = [sys.executable, "-m", "marbled.worker.emulate", "--time-scale", "0.01"]
+FIRST = {"model": "resnet-50", "steps": 600, "emulate": True}  # primary on 3, ends first
+
+
+def _steps(path) -> list[int]:
+    return [int(line) for line in path.read_text().split()]
+
+
+def _chain(daemon, job_id: int) -> list:
+    return daemon.query("SELECT * FROM runs WHERE job_id = ? ORDER BY id", job_id)
+
+
+def test_resumed_job_continues_at_its_checkpoint_step(daemon, tmp_path):
+    """Inception-v3 runs as a secondary, is suspended and resumed on 4 GPUs: every step
+    1..N runs exactly once and the job ends at exactly its requested steps."""
+    log = tmp_path / "steps.log"
+    daemon.submit(FIRST, {"model": "inception-v3", "steps": 1500,
+                          "command": [*EMULATE, "--step-log", str(log)]})
+    jobs = daemon.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    first, resumed = _chain(daemon, 2)
+    assert first["end_reason"] == "suspended" and first["gpu_count"] == 3
+    assert resumed["gpu_count"] == 4 and resumed["end_reason"] == "done"
+    assert 0 < first["end_step"] == resumed["start_step"] < 1500
+    assert _steps(log) == list(range(1, 1501))  # none lost, none repeated
+    ack = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
+    assert len(ack) == 1
+
+
+def test_job_ignoring_sigtstp_is_stopped_and_resumed_from_last_checkpoint(daemon_factory,
+                                                                        tmp_path):
+    """Escalation: no acknowledgement within the suspend timeout -> SIGTERM; the job is
+    resumed from its last periodic checkpoint and still ends at exactly its steps."""
+    daemon = daemon_factory("--suspend-timeout", "0.5", "--kill-timeout", "1")
+    log = tmp_path / "steps.log"
+    cmd = [*EMULATE, "--ignore-suspend", "--checkpoint-every", "50", "--step-log", str(log)]
+    daemon.submit(FIRST, {"model": "inception-v3", "steps": 1500, "command": cmd})
+    jobs = daemon.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    first, resumed = _chain(daemon, 2)[:2]
+    assert first["end_reason"] == "suspended"
+    assert first["exit_code"] == -signal.SIGTERM
+    assert first["end_step"] is None  # not acknowledged: the step reached is not known
+    assert resumed["start_step"] % 50 == 0 and resumed["start_step"] > 0
+    steps = _steps(log)
+    reached = steps[: steps.index(resumed["start_step"] + 1, resumed["start_step"])][-1]
+    assert resumed["start_step"] <= reached  # work after the last checkpoint is redone
+    assert sorted(set(steps)) == list(range(1, 1501))
+    assert steps[-1] == 1500 and _chain(daemon, 2)[-1]["end_step"] == 1500
+    kinds = [r["kind"] for r in daemon.query(
+        "SELECT kind FROM events WHERE job_id = 2 ORDER BY id")]
+    assert "suspend-timeout" in kinds and "stop" in kinds and "acknowledged" not in kinds
+
+
+def test_job_wrapped_in_sh_c_is_suspended_through_its_process_group(daemon, tmp_path):
+    """SIGTSTP goes to the process group: the shell wrapper does not swallow it."""
+    log = tmp_path / "steps.log"
+    inner = " ".join([*EMULATE, "--step-log", str(log)])
+    daemon.submit(FIRST, {"model": "inception-v3", "steps": 1500,
+                          "command": ["sh", "-c", f"{inner}; echo wrapper-done"]})
+    jobs = daemon.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    first, resumed = _chain(daemon, 2)
+    assert first["end_reason"] == "suspended" and first["exit_code"] == 0
+    assert first["end_step"] == resumed["start_step"]
+    assert _steps(log) == list(range(1, 1501))
+
+
+def test_sigterm_to_broker_suspends_all_and_next_broker_finishes(daemon_factory, tmp_path):
+    """The allocation's end: SIGTERM -> every job checkpointed; a new broker on the same
+    state directory resumes them and every job ends at exactly its steps."""
+    state = tmp_path / "state"
+    first = daemon_factory(state_dir=state)
+    first.submit({"model": "resnet-50", "steps": 1500, "emulate": True},
+                 {"model": "inception-v3", "steps": 1500, "emulate": True},
+                 {"model": "vgg-16", "steps": 400, "emulate": True})
+    first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()[:2]), what="progress")
+    assert first.stop(signal.SIGTERM) == 0
+    rows = first.query("SELECT id, state, step FROM jobs ORDER BY id")
+    assert [r["state"] for r in rows[:2]] == ["suspended", "suspended"]
+    assert all(r["step"] > 0 for r in rows[:2])
+    assert not first.query("SELECT id FROM runs WHERE ended_at IS NULL")
+
+    second = daemon_factory(state_dir=state)
+    jobs = second.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    for job_id, steps in ((1, 1500), (2, 1500), (3, 400)):
+        chain = _chain(second, job_id)
+        assert chain[0]["start_step"] == 0 and chain[-1]["end_step"] == steps
+        for a, b in zip(chain, chain[1:], strict=False):
+            assert a["end_step"] == b["start_step"]
+
+
+def test_broker_killed_hard_readopts_running_jobs(daemon_factory, tmp_path):
+    """kill -9 of the broker: the jobs keep running; the next broker adopts them (pid and
+    process start time) instead of starting them twice."""
+    state = tmp_path / "state"
+    first = daemon_factory(state_dir=state)
+    first.submit({"model": "resnet-50", "steps": 1500, "emulate": True},
+                 {"model": "inception-v3", "steps": 1500, "emulate": True})
+    first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()), what="progress")
+    first.stop(signal.SIGKILL)
+    states = [r["state"] for r in first.query("SELECT state FROM jobs ORDER BY id")]
+    assert states == ["running", "running"]  # both were mid-run when the broker died
+    second = daemon_factory(state_dir=state)
+    jobs = second.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    adopted = second.query("SELECT job_id FROM events WHERE kind = 'adopted'")
+    assert {r["job_id"] for r in adopted} == {1, 2}
+    runs = second.runs()
+    for a in runs:  # no job ran twice at the same time
+        for b in runs:
+            if a["id"] < b["id"] and a["job_id"] == b["job_id"]:
+                assert b["started_at"] >= a["ended_at"]
