@@ -64,32 +64,30 @@ def total_seconds(runs: list[dict], scale: float) -> float:
     return (end - start) / scale
 
 
-def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobset1",
-             as_json: bool = False) -> int:
+def compare_policies(jobset: str = "paper-jobset1", gpus: int = 6, time_scale: float = 0.02,
+                     progress: bool = False) -> dict:
+    """Run `jobset` through a `marble` and a `rigid` broker at once; return both schedules."""
     path = jobset_path(jobset)
     specs = load_job_file(path)
     book = load_profile()
     out = {"jobset": path.stem, "gpus": gpus, "time_scale": time_scale, "policies": {}}
-    say = (lambda *a: None) if as_json else print
-    say(f"Job set {path.stem}: {len(specs)} emulated jobs on {gpus} emulated GPUs, "
-        f"time scale {time_scale} (1 profiled second = {time_scale} s)")
+    tty = progress and sys.stderr.isatty()
     with tempfile.TemporaryDirectory(prefix="marble-demo-") as tmp:
         procs, clients = {}, {}
-        for policy in ("marble", "rigid"):
-            sdir = Path(tmp) / policy
-            procs[policy] = start_broker(sdir, policy, gpus, time_scale)
-            clients[policy] = BrokerClient(socket_path(sdir))
-            clients[policy].post("/v1/jobs", {"jobs": [s.to_mapping() for s in specs]})
-        t0 = last = time.monotonic()
-        tty = sys.stderr.isatty()
         try:
+            for policy in ("marble", "rigid"):
+                sdir = Path(tmp) / policy
+                procs[policy] = start_broker(sdir, policy, gpus, time_scale)
+                clients[policy] = BrokerClient(socket_path(sdir))
+                clients[policy].post("/v1/jobs", {"jobs": [s.to_mapping() for s in specs]})
+            t0 = last = time.monotonic()
             while True:
                 left = sum(
                     1 for c in clients.values() for j in c.get("/v1/jobs")["jobs"]
                     if j["state"] not in ("done", "failed", "cancelled")
                 )
                 now = time.monotonic()
-                if not as_json and (tty or now - last >= 5 or not left):
+                if progress and (tty or now - last >= 5 or not left):
                     prefix = "\r" if tty else ""
                     print(f"{prefix}  {now - t0:5.1f} s: {left} jobs still to finish",
                           end="" if tty else "\n", file=sys.stderr, flush=True)
@@ -97,26 +95,19 @@ def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobse
                 if not left:
                     break
                 time.sleep(0.25)
-            if not as_json and tty:
+            if tty:
                 print(file=sys.stderr)
             for policy, client in clients.items():
                 runs = client.get("/v1/runs")["runs"]
                 jobs = {j["id"]: j for j in client.get("/v1/jobs")["jobs"]}
-                t_start = min(r["started_at"] for r in runs)
-                rows = schedule_rows(runs, jobs, t_start, time_scale)
-                predicted = Simulator(book, get_policy(policy), gpus).run(specs).makespan
+                rows = schedule_rows(runs, jobs, min(r["started_at"] for r in runs), time_scale)
                 out["policies"][policy] = {
                     "total_s": total_seconds(runs, time_scale),
-                    "simulated_s": predicted,
+                    "simulated_s": Simulator(book, get_policy(policy), gpus).run(specs).makespan,
                     "paper_s": PAPER_SECONDS.get(path.stem, {}).get(policy),
-                    "failed": [j for j in jobs.values() if j["state"] != "done"],
+                    "failed": [j["id"] for j in jobs.values() if j["state"] != "done"],
                     "runs": rows,
                 }
-                title = "MARBLE" if policy == "marble" else "LSF way (rigid: all GPUs, FIFO)"
-                say(f"\n=== {title}: schedule (times in profiled seconds) ===")
-                say(format_table(rows))
-                say("")
-                say(format_gantt(rows, {rows[0]["node"]: gpus}))
         finally:
             for proc in procs.values():
                 proc.terminate()
@@ -125,17 +116,33 @@ def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobse
     m, r = out["policies"]["marble"], out["policies"]["rigid"]
     out["speedup"] = r["total_s"] / m["total_s"]
     out["reduction"] = 1 - m["total_s"] / r["total_s"]
+    return out
+
+
+def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobset1",
+             as_json: bool = False) -> int:
+    if not as_json:
+        print(f"Job set {jobset_path(jobset).stem} on {gpus} emulated GPUs, emulated jobs, "
+              f"time scale {time_scale} (1 profiled second = {time_scale} s real)")
+    out = compare_policies(jobset, gpus, time_scale, progress=not as_json)
+    m, r = out["policies"]["marble"], out["policies"]["rigid"]
     if as_json:
         print(json.dumps(out, indent=2))
-    else:
-        print(f"\n{'':22}{'measured':>10}{'simulated':>11}{'paper':>8}")
-        for name, p in (("LSF way (rigid)", r), ("MARBLE", m)):
-            paper = f"{p['paper_s']:>8}" if p["paper_s"] else f"{'-':>8}"
-            print(f"{name:22}{p['total_s']:>9.0f}s{p['simulated_s']:>10.0f}s{paper}")
-        print(f"\nLSF-way / MARBLE-way total time: {out['speedup']:.2f}x "
-              f"({out['reduction']:.1%} less time with MARBLE)")
+        return 0 if not (m["failed"] or r["failed"]) else 1
+    for policy, title in (("marble", "MARBLE"), ("rigid", "LSF way (rigid: all GPUs, FIFO)")):
+        rows = out["policies"][policy]["runs"]
+        print(f"\n=== {title}: schedule (times in profiled seconds) ===")
+        print(format_table(rows))
+        print()
+        print(format_gantt(rows, {rows[0]["node"]: gpus}))
+    print(f"\n{'total time':22}{'measured':>10}{'simulated':>11}{'paper':>8}")
+    for name, p in (("LSF way (rigid)", r), ("MARBLE", m)):
+        paper = f"{p['paper_s']:>7}s" if p["paper_s"] else f"{'-':>8}"
+        print(f"{name:22}{p['total_s']:>9.0f}s{p['simulated_s']:>10.0f}s{paper}")
+    print(f"\nLSF-way / MARBLE-way total time: {out['speedup']:.2f}x "
+          f"({out['reduction']:.1%} less time with MARBLE)")
     return 0 if not (m["failed"] or r["failed"]) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(run_demo(*(float(a) if i else int(a) for i, a in enumerate(sys.argv[1:3]))))
+    sys.exit(run_demo())

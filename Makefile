@@ -1,0 +1,29 @@
+# Everything a fresh machine needs: `make demo` and `make test` create the venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv demo test lint clean
+
+$(BIN)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("marbled needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+## demo: paper job set 1 on 6 emulated GPUs, the MARBLE way and the LSF way, side by side
+demo: venv
+	$(BIN)/marble demo
+
+## test: lint, then the whole test suite (what .ci/run calls)
+test: venv lint
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,70 @@
+-- marbled state database (marble.db in the broker's state directory), schema version 1.
+-- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
+-- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
+
+-- Every job ever submitted, in FIFO order (id).
+CREATE TABLE jobs (
+	id INTEGER NOT NULL,
+	name VARCHAR(128),              -- optional user name, usable in `after`
+	model VARCHAR(128),             -- model name looked up in the profile
+	steps INTEGER,                  -- requested steps in all (MARBLE_TARGET_STEPS)
+	gpus_request INTEGER,           -- NULL = auto (profile's optimal count, malleable)
+	demand INTEGER NOT NULL,        -- GPU count the policy aims for
+	malleable BOOLEAN NOT NULL,     -- may run as secondary and be suspended/resumed
+	command JSON NOT NULL,          -- argv list; [] for emulated jobs
+	emulate BOOLEAN NOT NULL,       -- marbled's EMULATED training job
+	"after" JSON NOT NULL,          -- job ids that must be done first
+	state VARCHAR(16) NOT NULL,     -- queued running suspending suspended done failed cancelled
+	step INTEGER NOT NULL,          -- last step known from a checkpoint or the end
+	suspensions INTEGER NOT NULL,
+	submitted_at FLOAT NOT NULL,
+	started_at FLOAT,
+	finished_at FLOAT,
+	exit_code INTEGER,
+	reason VARCHAR,                 -- why it is in its state (last transition)
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_jobs_state ON jobs (state);
+
+-- One row per launch segment: a job suspended once has two runs.
+CREATE TABLE runs (
+	id INTEGER NOT NULL,
+	job_id INTEGER NOT NULL,
+	node VARCHAR(128) NOT NULL,
+	gpu_ids VARCHAR NOT NULL,       -- GPU slots of the node, e.g. '0,1,2'
+	gpu_count INTEGER NOT NULL,
+	role VARCHAR(16) NOT NULL,      -- primary | secondary
+	started_at FLOAT NOT NULL,
+	ended_at FLOAT,                 -- NULL while it runs
+	start_step INTEGER,             -- step restored from the checkpoint
+	end_step INTEGER,               -- step checkpointed or finished; NULL if stopped by force
+	exit_code INTEGER,              -- negative: killed by that signal
+	end_reason VARCHAR,             -- done | suspended | failed | cancelled | lost
+	pid INTEGER,
+	pid_start INTEGER,              -- process start time (clock ticks), against pid reuse
+	PRIMARY KEY (id),
+	FOREIGN KEY(job_id) REFERENCES jobs (id)
+);
+CREATE INDEX ix_runs_job_id ON runs (job_id);
+
+-- Append-only journal: submitted started resumed suspend-requested acknowledged
+-- suspend-timeout stop done suspended failed cancelled lost adopted drain.
+CREATE TABLE events (
+	id INTEGER NOT NULL,
+	at FLOAT NOT NULL,
+	kind VARCHAR(32) NOT NULL,
+	job_id INTEGER,
+	run_id INTEGER,
+	data JSON,                      -- details, e.g. {"step": 745, "latency": 0.02}
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_events_job_id ON events (job_id);
+CREATE INDEX ix_events_at ON events (at);
+CREATE INDEX ix_events_kind ON events (kind);
+
+-- Broker settings of the last start: schema_version, policy, profile, nodes, ...
+CREATE TABLE meta (
+	"key" VARCHAR(64) NOT NULL,
+	value VARCHAR NOT NULL,
+	PRIMARY KEY ("key")
+);

@@ -1,0 +1,80 @@
+"""The `marbled` and `marble` commands as a user runs them: detach, submit, status, show,
+schedule, wait, cancel, shutdown, with and without --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.daemon
+
+
+def run(state_dir, *args: str, module: str = "client_cmd", check: bool = True):
+    out = subprocess.run([sys.executable, "-m", f"marbled.cli.{module}", *args],
+                         env={**os.environ, "MARBLE_STATE_DIR": str(state_dir)},
+                         capture_output=True, text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_batch_script_session(tmp_path):
+    state = tmp_path / "state"
+    out = run(state, "--gpus", "6", "--time-scale", "0.01", "--monitor-interval", "0.1",
+              "--detach", module="daemon_cmd")
+    assert "ready" in out.stdout
+    try:
+        out = run(state, "submit", "--model", "resnet-50", "--steps", "300", "--emulate",
+                  "--name", "first")
+        assert "submitted job 1 (first): 3 GPUs (auto)" in out.stdout
+        jobs = tmp_path / "jobs.yaml"
+        jobs.write_text("- {model: inception-v3, steps: 400, emulate: true, after: first}\n"
+                        "- {command: [sleep, '60'], gpus: 1, name: sleeper}\n")
+        out = run(state, "submit", "--file", str(jobs), "--json")
+        accepted = json.loads(out.stdout)["jobs"]
+        assert [j["id"] for j in accepted] == [2, 3] and accepted[0]["after"] == [1]
+
+        status = json.loads(run(state, "status", "--json").stdout)
+        assert status["broker"]["policy"] == "marble" and len(status["jobs"]) == 3
+        table = run(state, "status").stdout
+        assert "sleeper" in table and "WANT" in table
+
+        run(state, "cancel", "3")
+        out = run(state, "wait", "--timeout", "60", check=False)
+        assert out.returncode == 1  # one job was cancelled
+        assert "3/3 ended" in out.stderr
+
+        shown = json.loads(run(state, "show", "2", "--json").stdout)
+        assert shown["state"] == "done" and shown["runs"][0]["role"] == "primary"
+        assert any(e["kind"] == "started" for e in shown["events"])
+        assert run(state, "show", "3").stdout.count("cancelled") >= 1
+
+        sched = run(state, "schedule").stdout
+        assert "gpu0 |" in sched and "A=1 first" in sched
+        rows = json.loads(run(state, "schedule", "--json").stdout)["runs"]
+        assert {r["job"] for r in rows} == {1, 2, 3}
+    finally:
+        out = run(state, "shutdown", check=False)
+    assert "marbled stopped" in out.stdout
+    assert not (state / "marbled.sock").exists()
+
+
+def test_second_daemon_on_same_state_dir_is_refused(daemon):
+    out = run(daemon.state_dir, "--gpus", "2", module="daemon_cmd", check=False)
+    assert out.returncode == 1 and "another marbled" in out.stderr
+    assert daemon.proc.poll() is None
+
+
+def test_client_without_broker_says_how_to_start_one(tmp_path):
+    out = run(tmp_path / "nowhere", "status", check=False)
+    assert out.returncode == 1 and "start one with 'marbled'" in out.stderr
+
+
+def test_help_teaches(tmp_path):
+    assert "Examples:" in run(tmp_path, "--help", module="daemon_cmd").stdout
+    out = run(tmp_path, "submit", "--help").stdout
+    assert "--gpus" in out and "never suspended" in out
