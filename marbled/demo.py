@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.cli.client import BrokerClient, wait_until_serving
 from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.policy import get_policy
 from marbled.daemon.main import socket_path
@@ -44,19 +44,11 @@ def start_broker(state_dir: Path, policy: str, gpus: int, time_scale: float,
     state_dir.mkdir(parents=True, exist_ok=True)
     log = open(state_dir / "marbled.log", "ab")  # noqa: SIM115 (the child keeps it)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    client = BrokerClient(socket_path(state_dir))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"marbled exited: {(state_dir / 'marbled.log').read_text()}")
-        try:
-            if client.get("/v1/status")["pid"] == proc.pid:
-                return proc
-        except (BrokerUnreachable, OSError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("marbled did not come up within 60 s")
-
+    try:
+        wait_until_serving(BrokerClient(socket_path(state_dir)), proc)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}: {(state_dir / 'marbled.log').read_text()}") from None
+    return proc
 
 def total_seconds(runs: list[dict], scale: float) -> float:
     start = min(r["started_at"] for r in runs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from pathlib import Path
 
 
@@ -66,3 +67,23 @@ class BrokerClient:
 
     def post(self, path: str, body: object | None = None) -> dict:
         return self.request("POST", path, {} if body is None else body)
+
+
+def wait_until_serving(client: BrokerClient, proc, timeout: float = 60.0) -> dict:
+    """Wait until the broker process `proc` (a Popen) answers on its socket; its status.
+
+    Raises RuntimeError if `proc` exits first or does not answer within `timeout`.
+    An answer from another process (a stale broker) does not count.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"marbled exited at start-up with code {proc.returncode}")
+        try:
+            status = client.get("/v1/status")
+            if status.get("pid") == proc.pid:
+                return status
+        except (BrokerUnreachable, OSError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"marbled did not answer within {timeout:g} s")

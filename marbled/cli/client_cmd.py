@@ -245,21 +245,26 @@ def shutdown(ctx, no_wait, timeout):
     resumes the suspended jobs and runs the rest of the queue.
     """
     client = _client(ctx)
+    pid = _call(client.get, "/v1/status")["pid"]
     _call(client.post, "/v1/shutdown")
     if no_wait:
         click.echo("shutdown started")
         return
     deadline = time.monotonic() + timeout
-    while client.socket_path.exists() and time.monotonic() < deadline:
-        try:
-            client.get("/v1/status")
-        except (BrokerUnreachable, OSError):
-            break
+    while _process_exists(pid):
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"marbled {pid} did not stop within {timeout:g} s")
         time.sleep(0.1)
-    else:
-        if client.socket_path.exists():
-            raise click.ClickException(f"the broker did not stop within {timeout:g} s")
     click.echo("marbled stopped")
+
+
+def _process_exists(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not yet reaped by its parent) has stopped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @main.command()

@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -94,7 +93,7 @@ def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout,
 
 def _detach(state_dir: Path) -> None:
     """Re-run this command without --detach in its own session, logging to the state dir."""
-    from marbled.cli.client import BrokerClient, BrokerUnreachable
+    from marbled.cli.client import BrokerClient, wait_until_serving
 
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [a for a in sys.argv[1:] if a != "--detach"]
@@ -104,23 +103,12 @@ def _detach(state_dir: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", *argv],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 start_new_session=True)
-    client = BrokerClient(socket_path(state_dir), timeout=2)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (state_dir / "marbled.log").read_text().strip().splitlines()[-3:]
-            raise click.ClickException("marbled exited at start-up:\n" + "\n".join(tail))
-        try:
-            status = client.get("/v1/status")
-        except (BrokerUnreachable, OSError):
-            time.sleep(0.05)
-            continue
-        if status.get("pid") == proc.pid:
-            click.echo(f"marbled {proc.pid} ready; state directory {state_dir}")
-            return
-        time.sleep(0.05)
-    raise click.ClickException(f"marbled did not answer within 60 s; see {state_dir}/marbled.log")
-
+    try:
+        wait_until_serving(BrokerClient(socket_path(state_dir), timeout=2), proc)
+    except RuntimeError as exc:
+        tail = (state_dir / "marbled.log").read_text().strip().splitlines()[-3:]
+        raise click.ClickException("\n".join([str(exc), *tail])) from None
+    click.echo(f"marbled {proc.pid} ready; state directory {state_dir}")
 
 if __name__ == "__main__":
     main()

@@ -138,7 +138,7 @@ class Broker:
     async def run(self) -> None:
         """Decide and act until the drain has finished."""
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGUSR1, self.check_acks)
+        loop.add_signal_handler(signal.SIGUSR1, self.check_acks, True)
         self._spawn(self._monitor())
         while not (self.draining and not self.live):
             await self._wake.wait()
@@ -366,36 +366,53 @@ class Broker:
             live.handle.signal(signal.SIGKILL)
             self._record_event("stop", job_id, live.run_id, signal="SIGKILL")
 
-    def check_acks(self) -> None:
-        """SIGUSR1 or the monitor tick: look for acknowledgement markers of suspending runs."""
-        for job_id, live in list(self.live.items()):
-            if live.acked is not None or self.state.jobs[job_id].state is not JobState.SUSPENDING:
-                continue
-            ack = read_json(self.job_dir(job_id) / ACK_FILE)
-            if ack is None or ack.get("run_id") != live.run_id:
-                continue
-            live.acked = ack
-            live.clear_timers()
-            latency = (time.time() - ack["signalled_at"]) if ack.get("signalled_at") else None
-            self._record_event("acknowledged", job_id, live.run_id, step=ack.get("step"),
-                               latency=latency)
-            # It should exit on its own now; do not let a slow teardown hold the GPUs.
-            live.timers.append(asyncio.get_running_loop().call_later(
-                self.config.kill_timeout, self._kill, job_id, live))
+    def check_acks(self, by_signal: bool = False) -> None:
+        """SIGUSR1 or the monitor tick: look for acknowledgements of suspending runs.
+
+        The marker file says which run and which step. A SIGUSR1 that comes with no
+        marker (a job speaking only the paper's protocol) acknowledges the one run
+        being suspended; with several, their markers or exits decide.
+        """
+        waiting = [(job_id, live) for job_id, live in self.live.items()
+                   if live.acked is None
+                   and self.state.jobs[job_id].state is JobState.SUSPENDING]
+        found = [self._read_ack(job_id, live) for job_id, live in waiting]
+        if by_signal and len(waiting) == 1 and not any(found):
+            job_id, live = waiting[0]
+            self._accept_ack(job_id, live, {"run_id": live.run_id, "step": None,
+                                            "via": "SIGUSR1"})
+
+    def _read_ack(self, job_id: int, live: LiveRun) -> bool:
+        ack = read_json(self.job_dir(job_id) / ACK_FILE)
+        if ack is None or ack.get("run_id") != live.run_id:
+            return False
+        self._accept_ack(job_id, live, {**ack, "via": "marker"})
+        return True
+
+    def _accept_ack(self, job_id: int, live: LiveRun, ack: dict) -> None:
+        live.acked = ack
+        live.clear_timers()
+        latency = (time.time() - ack["signalled_at"]) if ack.get("signalled_at") else None
+        self._record_event("acknowledged", job_id, live.run_id, step=ack.get("step"),
+                           latency=latency, via=ack["via"])
+        # It should exit on its own now; do not let a slow teardown hold the GPUs.
+        live.timers.append(asyncio.get_running_loop().call_later(
+            self.config.kill_timeout, self._kill, job_id, live))
 
     # ------------------------------------------------------------ exits
 
     def _on_exit(self, job_id: int, live: LiveRun, code: int | None) -> None:
         self.live.pop(job_id, None)
-        live.clear_timers()
-        self.check_acks_for(job_id, live)
         job = self.state.jobs[job_id]
+        if live.acked is None and job.state is JobState.SUSPENDING:
+            self._read_ack(job_id, live)  # it may have exited before we saw its marker
+        live.clear_timers()
         spec = self.specs[job_id]
         progress = read_json(self.job_dir(job_id) / PROGRESS_FILE) or {}
         if progress.get("run_id") != live.run_id:
             progress = {}
         ack = live.acked
-        end_step = ack["step"] if ack else progress.get("step")
+        end_step = ack.get("step") if ack else progress.get("step")
         reached = spec.steps is not None and end_step is not None and end_step >= spec.steps
         if live.cancel:
             outcome, why = JobState.CANCELLED, "cancelled by the user"
@@ -432,12 +449,6 @@ class Broker:
         else:
             self.state.finished(job_id, outcome)
         self._wake.set()
-
-    def check_acks_for(self, job_id: int, live: LiveRun) -> None:
-        if live.acked is None and self.state.jobs[job_id].state is JobState.SUSPENDING:
-            ack = read_json(self.job_dir(job_id) / ACK_FILE)
-            if ack and ack.get("run_id") == live.run_id:
-                live.acked = ack
 
     # ------------------------------------------------------------ records
 

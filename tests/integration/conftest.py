@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.cli.client import BrokerClient, wait_until_serving
 from marbled.daemon.main import DB_NAME, socket_path
 
 FINAL = {"done", "failed", "cancelled"}
@@ -82,18 +82,12 @@ def start_daemon(state_dir: Path, *args: str, gpus: int = 6, time_scale: float =
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             env={**os.environ, **(env or {})})
     client = BrokerClient(socket_path(state_dir), timeout=10)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (state_dir / "marbled.log").read_text()
-        try:
-            if client.get("/v1/status")["pid"] == proc.pid:
-                return Daemon(state_dir, proc, client)
-        except (BrokerUnreachable, OSError):
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("marbled did not answer within 30 s")
-
+    try:
+        wait_until_serving(client, proc, timeout=30)
+    except RuntimeError as exc:
+        proc.kill()
+        raise AssertionError(f"{exc}\n{(state_dir / 'marbled.log').read_text()}") from None
+    return Daemon(state_dir, proc, client)
 
 @pytest.fixture
 def daemon_factory(tmp_path):

@@ -27,6 +27,8 @@ def test_batch_script_session(tmp_path):
     out = run(state, "--gpus", "6", "--time-scale", "0.01", "--monitor-interval", "0.1",
               "--detach", module="daemon_cmd")
     assert "ready" in out.stdout
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert (state / "marbled.sock").stat().st_mode & 0o777 == 0o600
     try:
         out = run(state, "submit", "--model", "resnet-50", "--steps", "300", "--emulate",
                   "--name", "first")

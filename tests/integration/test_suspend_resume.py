@@ -123,3 +123,33 @@ def test_broker_killed_hard_readopts_running_jobs(daemon_factory, tmp_path):
         for b in runs:
             if a["id"] < b["id"] and a["job_id"] == b["job_id"]:
                 assert b["started_at"] >= a["ended_at"]
+
+
+SIGNAL_ONLY_JOB = """
+import os, signal, sys, time
+asked = []
+signal.signal(signal.SIGTSTP, lambda *_: asked.append(1))
+ckpt = os.path.join(os.environ["MARBLE_CHECKPOINT_DIR"], "step")
+step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+while step < 300:
+    if asked:
+        open(ckpt, "w").write(str(step))
+        os.kill(int(os.environ["MARBLE_BROKER_PID"]), signal.SIGUSR1)
+        sys.exit(0)
+    time.sleep(0.01)
+    step += 1
+"""
+
+
+def test_job_that_only_sends_sigusr1_is_acknowledged(daemon):
+    """The paper's protocol without the marker file: SIGUSR1 alone acknowledges the one
+    run being suspended, and its exit counts as a suspension, not as the end."""
+    daemon.submit(FIRST, {"model": "inception-v3",
+                          "command": [sys.executable, "-c", SIGNAL_ONLY_JOB]})
+    jobs = daemon.wait_all(timeout=60)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    first, resumed = _chain(daemon, 2)
+    assert (first["end_reason"], first["exit_code"]) == ("suspended", 0)
+    assert resumed["gpu_count"] == 4 and resumed["end_reason"] == "done"
+    (ack,) = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
+    assert '"via": "SIGUSR1"' in ack["data"]
