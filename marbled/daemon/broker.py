@@ -291,6 +291,7 @@ class Broker:
             "MARBLE_BROKER_PID": str(os.getpid()),
             "MARBLE_GPUS": str(len(devices)),
             "MARBLE_ROLE": action.role.value,
+            "MARBLE_LAUNCH_TIME": repr(time.time()),
         }
         if spec.steps:
             env["MARBLE_TARGET_STEPS"] = str(spec.steps)

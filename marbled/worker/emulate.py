@@ -61,23 +61,23 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
         print(f"marble-emulate: model '{args.model}' is not in the profile", file=sys.stderr)
         return 2
     gpus = max(proto.gpus, 1)
+    proto.report_interval = 0.25
     step_seconds = args.time_scale / curve.throughput(gpus)
     ckpt_path = proto.checkpoint_dir / CHECKPOINT
-    saved = read_json(ckpt_path) or {}
-    step = start = int(saved.get("step", 0))
-    proto.report(step, start_step=start, force=True)
+    saved = int((read_json(ckpt_path) or {}).get("step", 0))
+    step = start = saved
+    proto.restored(step)
     log = open(args.step_log, "a") if args.step_log else None  # noqa: SIM115 (closed at exit)
 
-    def checkpoint() -> None:
-        atomic_write_json(ckpt_path, {"model": args.model, "step": step, "time": time.time()})
+    def save(at: int) -> None:
+        nonlocal saved
+        atomic_write_json(ckpt_path, {"model": args.model, "step": at, "time": time.time()})
+        saved = at
 
+    if proto.suspend_requested and not args.ignore_suspend:  # asked while starting up
+        proto.checkpoint_and_exit(step, save, saved)
     t0 = time.monotonic()
     while step < args.steps:
-        if proto.suspend_requested and not args.ignore_suspend:
-            if step != int(saved.get("step", 0)) or not ckpt_path.exists():
-                checkpoint()
-            proto.acknowledge(step)
-            return 0
         # Sleep to the end of this step on an absolute schedule, so no drift builds up.
         delay = t0 + (step - start + 1) * step_seconds - time.monotonic()
         if delay > 0:
@@ -87,10 +87,12 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
             log.write(f"{step}\n")
             log.flush()
         if args.checkpoint_every and step % args.checkpoint_every == 0:
-            checkpoint()
-            saved = {"step": step}
-        proto.report(step, every=0.25)
-    checkpoint()
+            save(step)
+        if args.ignore_suspend:
+            proto.report(step)
+        else:
+            proto.step_finished(step, save, saved)
+    save(step)
     proto.report(step, force=True)
     return 0
 

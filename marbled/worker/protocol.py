@@ -7,6 +7,7 @@ The broker starts every run with:
   MARBLE_CHECKPOINT_DIR          where the job keeps its checkpoints (kept across runs)
   MARBLE_BROKER_PID              the broker, on this node, for SIGUSR1
   MARBLE_TARGET_STEPS            the step count the job should end at (if known)
+  MARBLE_LAUNCH_TIME             when the broker launched this run (Unix time)
   CUDA_VISIBLE_DEVICES, MARBLE_GPUS   the GPUs of this run, and how many
 
 Suspension: the broker sends SIGTSTP to the job's process group. The handler
@@ -18,6 +19,9 @@ SIGUSR1 to the broker -- and exits. The marker alone is enough for the broker
 Install the handler in the first lines of the job's entry point, before heavy
 imports: a SIGTSTP that arrives before it is silently dropped (the job runs in
 its own session, an orphaned process group).
+
+Framework helpers (`marbled.worker.keras`, `.tf`, `.torch`) build on
+`step_finished()` and `checkpoint_and_exit()`.
 """
 
 from __future__ import annotations
@@ -26,23 +30,41 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 ACK_FILE = "ack.json"
 PROGRESS_FILE = "progress.json"
 
 
-def atomic_write_json(path: Path, payload: dict, durable: bool = True) -> None:
-    """Write `payload` to `path` so readers see the old or the new file, never a torn one."""
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable, durable: bool = True, binary: bool = False) -> None:
+    """Write through `write(file)` so readers see the old or the new file, never a torn one."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
+    with open(tmp, "wb" if binary else "w") as f:
+        write(f)
         if durable:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, payload: dict, durable: bool = True) -> None:
+    atomic_write(path, lambda f: json.dump(payload, f), durable)
 
 
 def read_json(path: Path) -> dict | None:
@@ -64,20 +86,22 @@ class JobProtocol:
     job_id: int | None = None
     run_id: int | None = None
     run_dir: Path | None = None
-    checkpoint_dir: Path | None = None
+    checkpoint_dir: Path = Path("marble-checkpoint")
     broker_pid: int | None = None
     target_steps: int | None = None
     gpus: int = 0
     start_step: int | None = None  # where this run began (after restoring its checkpoint)
     suspend_requested: bool = False
     signalled_at: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # start-up timeline of this run
+    report_interval: float = 1.0  # seconds between progress reports
     _last_report: float = field(default=0.0, repr=False)
 
     @classmethod
     def from_env(cls) -> JobProtocol:
         env = os.environ
         devices = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        return cls(
+        proto = cls(
             job_id=_int_env("MARBLE_JOB_ID"),
             run_id=_int_env("MARBLE_RUN_ID"),
             run_dir=Path(env["MARBLE_RUN_DIR"]) if env.get("MARBLE_RUN_DIR") else None,
@@ -86,6 +110,10 @@ class JobProtocol:
             target_steps=_int_env("MARBLE_TARGET_STEPS"),
             gpus=_int_env("MARBLE_GPUS") or len(devices),
         )
+        with contextlib.suppress(ValueError):
+            proto.phases["launch"] = float(env.get("MARBLE_LAUNCH_TIME", ""))
+        proto.mark("python")
+        return proto
 
     @property
     def managed(self) -> bool:
@@ -105,28 +133,64 @@ class JobProtocol:
             self.signalled_at = time.time()
         self.suspend_requested = True
 
-    def report(self, step: int, *, start_step: int | None = None, force: bool = False,
-               every: float = 1.0) -> None:
-        """Tell the broker how far the job is (at most once per `every` seconds)."""
+    def mark(self, phase: str) -> None:
+        """Note when a start-up phase ended (python, imported, built, restored, first_step)."""
+        self.phases.setdefault(phase, time.time())
+
+    def report(self, step: int, *, start_step: int | None = None, force: bool = False) -> None:
+        """Tell the broker how far the job is (at most once per `report_interval`)."""
         now = time.time()
-        if self.run_dir is None or (not force and now - self._last_report < every):
+        if self.run_dir is None or (not force and now - self._last_report < self.report_interval):
             return
         self._last_report = now
         if start_step is not None:
             self.start_step = start_step
         payload = {"run_id": self.run_id, "step": step, "start_step": self.start_step,
-                   "time": now}
+                   "time": now, "phases": self.phases}
         atomic_write_json(self.run_dir / PROGRESS_FILE, payload, durable=False)
 
-    def acknowledge(self, step: int) -> None:
+    def acknowledge(self, step: int, **detail) -> None:
         """The checkpoint at `step` is on disk: tell the broker, by marker and by SIGUSR1."""
         if self.run_dir is not None:
             atomic_write_json(
                 self.run_dir / ACK_FILE,
                 {"run_id": self.run_id, "step": step, "time": time.time(),
-                 "signalled_at": self.signalled_at},
+                 "signalled_at": self.signalled_at, **detail},
             )
         if self.broker_pid:
             # If the broker is gone, the marker is read when the next one comes up.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.broker_pid, signal.SIGUSR1)
+
+    # -- step boundaries, shared by the framework helpers
+
+    def restored(self, step: int) -> None:
+        """The job restored its checkpoint at `step` (0 for a fresh start)."""
+        self.mark("restored")
+        self.report(step, start_step=step, force=True)
+
+    def step_finished(self, step: int, save: Callable[[int], object],
+                      saved_step: int | None = None, fast_exit: bool = True) -> None:
+        """Call after every step: reports progress, and suspends if the broker asked."""
+        self.mark("first_step")
+        self.report(step)
+        if self.suspend_requested:
+            self.checkpoint_and_exit(step, save, saved_step, fast_exit)
+
+    def checkpoint_and_exit(self, step: int, save: Callable[[int], object],
+                            saved_step: int | None = None, fast_exit: bool = True) -> NoReturn:
+        """Save `step` (unless it is saved already), acknowledge, and exit.
+
+        With `fast_exit` the process ends with os._exit(0) right after the
+        acknowledgement: interpreter teardown with a framework loaded takes about a
+        second, and the broker waits for the exit before it reuses the GPUs.
+        """
+        t0 = time.time()
+        if saved_step != step:
+            save(step)
+        self.acknowledge(step, save_seconds=time.time() - t0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if fast_exit:
+            os._exit(0)
+        sys.exit(0)
