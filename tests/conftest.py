@@ -1,4 +1,4 @@
-"""A real marbled process on a real Unix socket, with its real SQLite file."""
+"""Shared fixtures: a real marbled process on a real Unix socket, with its real SQLite file."""
 
 from __future__ import annotations
 
