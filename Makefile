@@ -9,7 +9,9 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("marbled needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	# The test tier trains real TensorFlow and PyTorch jobs on the CPU; torch 2.13.0 is the
+	# CPU wheel kept on these machines (a looser pin would fetch a multi-GB CUDA build).
+	$(BIN)/pip install --quiet -e '.[test,tensorflow-cpu]' 'torch==2.13.0'
 	touch $@
 
 venv: $(BIN)/.installed

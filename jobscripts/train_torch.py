@@ -1,0 +1,215 @@
+"""A suspendable PyTorch training job on synthetic data (LeNet-5 or a small ResNet).
+
+Runs under marbled (checkpoints in MARBLE_CHECKPOINT_DIR, target steps from
+MARBLE_TARGET_STEPS) or alone (checkpoints in ./marble-checkpoint). Torch runs on
+the CPU; CUDA_VISIBLE_DEVICES is only counted and reported (on a machine without
+GPUs the broker hands out emulated GPU ids).
+
+The batch of global step s is a pure function of (seed, s), so no data-loader state
+needs checkpointing, and a suspended and resumed run computes the same losses as an
+uninterrupted one, bit for bit. Labels are learnable: each class has a fixed random
+prototype image and a sample is its class's prototype plus noise.
+
+    python jobscripts/train_torch.py --arch lenet --steps 400 --loss-log losses.txt
+"""
+
+from marbled.worker.protocol import JobProtocol
+
+PROTO = JobProtocol.from_env().install()  # FIRST: a SIGTSTP before this line is lost
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from marbled.worker.torch import TorchCheckpoint  # noqa: E402
+
+PROTO.mark("imported")
+
+CLASSES = 10
+INPUT_SHAPE = {"lenet": (1, 28, 28), "resnet": (3, 32, 32)}
+NOISE = 1.0  # per-pixel noise around the class prototype (prototype pixels are N(0, 1))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="train_torch",
+        description="Suspendable PyTorch training on synthetic data (CPU).")
+    p.add_argument("--arch", choices=sorted(INPUT_SHAPE), default="lenet")
+    p.add_argument("--steps", type=int, default=PROTO.target_steps or 200,
+                   help="steps in all, across suspensions (default: MARBLE_TARGET_STEPS, "
+                        "else 200)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss-log", metavar="FILE",
+                   help="append 'step loss' for every completed step")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="also checkpoint every N steps (0: only when suspended, and at the end)")
+    p.add_argument("--report-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between progress reports to the broker "
+                        f"(default {PROTO.report_interval})")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's choice); losses are "
+                        "bit-identical across runs only with the same thread count")
+    p.add_argument("--no-fast-exit", dest="fast_exit", action="store_false",
+                   help="end with a normal interpreter teardown instead of os._exit(0)")
+    args = p.parse_args(argv)
+    if (args.steps < 1 or args.batch < 1 or args.checkpoint_every < 0
+            or (args.threads is not None and args.threads < 1)):
+        p.error("--steps, --batch and --threads must be >= 1, --checkpoint-every >= 0")
+    return args
+
+
+# -- models
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 for 1x28x28 input (the first convolution pads to 32x32's geometry)."""
+
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """ResNet-14 for 3x32x32 input: 3 stages of 16/32/64 channels x 2 basic blocks."""
+
+    def __init__(self, classes: int = CLASSES, widths: tuple[int, ...] = (16, 32, 64)):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
+                                  nn.BatchNorm2d(widths[0]), nn.ReLU())
+        blocks, cin = [], widths[0]
+        for i, width in enumerate(widths):
+            for j in range(2):
+                blocks.append(BasicBlock(cin, width, 2 if i > 0 and j == 0 else 1))
+                cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def build_model(arch: str) -> nn.Module:
+    return LeNet5() if arch == "lenet" else SmallResNet()
+
+
+# -- data: a pure function of (seed, step)
+
+
+class SyntheticData:
+    def __init__(self, arch: str, batch: int, seed: int):
+        self.shape = INPUT_SHAPE[arch]
+        self.batch = batch
+        self.seed = seed
+        g = torch.Generator().manual_seed(seed * 1_000_003 - 1)  # never a step's seed
+        self.prototypes = torch.randn((CLASSES, *self.shape), generator=g)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of global step `step` (1-based)."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        labels = torch.randint(0, CLASSES, (self.batch,), generator=g)
+        noise = torch.randn((self.batch, *self.shape), generator=g)
+        return self.prototypes[labels] + NOISE * noise, labels
+
+
+# -- the job
+
+
+def visible_devices() -> int:
+    return len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
+
+
+def train(args: argparse.Namespace) -> int:
+    if args.report_interval is not None:
+        PROTO.report_interval = args.report_interval
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"train_torch: CUDA_VISIBLE_DEVICES lists {visible_devices()} device(s) "
+          "(emulated GPU ids where there are no GPUs); torch runs on the CPU with "
+          f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    model = build_model(args.arch)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)  # imports torch._dynamo
+    data = SyntheticData(args.arch, args.batch, args.seed)
+    loss_fn = nn.CrossEntropyLoss()
+    PROTO.mark("built")
+
+    ckpt = TorchCheckpoint(model, optimizer, protocol=PROTO, fast_exit=args.fast_exit)
+    step = start = ckpt.restore()
+    if PROTO.suspend_requested:  # asked while starting up: suspend without training
+        ckpt.checkpoint_and_exit(step)
+
+    log = open(args.loss_log, "a", buffering=1) if args.loss_log else None  # noqa: SIM115
+    loss = None
+    model.train()
+    while step < args.steps:
+        x, y = data(step + 1)
+        optimizer.zero_grad(set_to_none=True)
+        batch_loss = loss_fn(model(x), y)
+        batch_loss.backward()
+        optimizer.step()
+        step += 1
+        loss = batch_loss.item()
+        if log:
+            log.write(f"{step} {loss!r}\n")  # line-buffered: on disk before any exit
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            ckpt.save(step)
+        ckpt.step_finished(step)
+    if ckpt.saved_step != step:
+        ckpt.save(step)
+    PROTO.report(step, force=True)
+    if log:
+        log.close()
+    final = "n/a (nothing to train)" if loss is None else repr(loss)
+    print(f"train_torch: arch={args.arch} steps={step} (this run {start}->{step}) "
+          f"final_loss={final}", flush=True)
+    return 0
+
+
+def main() -> None:
+    args = parse_args()
+    code = train(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if args.fast_exit:
+        os._exit(code)  # skip the ~1 s teardown with torch loaded: the GPUs free at once
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
