@@ -108,8 +108,8 @@ def main() -> int:
             ckpt = TFCheckpoint(PROTO, model=model, optimizer=optimizer)
     PROTO.mark("built")
     step = ckpt.restore() if args.mode == "custom" else marble.initial_step
-    print(f"train_tf: restored step {step}, optimizer iterations {int(optimizer.iterations.numpy())}",
-          file=sys.stderr)
+    iterations = int(optimizer.iterations.numpy())
+    print(f"train_tf: restored step {step}, optimizer iterations {iterations}", file=sys.stderr)
     if PROTO.suspend_requested:  # asked while we were starting: no need to train first
         PROTO.checkpoint_and_exit(step, ckpt.save, ckpt.saved_step)
 

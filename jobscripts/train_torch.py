@@ -7,8 +7,9 @@ GPUs the broker hands out emulated GPU ids).
 
 The batch of global step s is a pure function of (seed, s), so no data-loader state
 needs checkpointing, and a suspended and resumed run computes the same losses as an
-uninterrupted one, bit for bit. Labels are learnable: each class has a fixed random
-prototype image and a sample is its class's prototype plus noise.
+uninterrupted one, bit for bit. Labels are learnable: each class has a fixed, smooth
+random prototype image (7x7 noise, upsampled) and a sample is its class's prototype
+plus pixel noise of the same strength.
 
     python jobscripts/train_torch.py --arch lenet --steps 400 --loss-log losses.txt
 """
@@ -32,7 +33,7 @@ PROTO.mark("imported")
 
 CLASSES = 10
 INPUT_SHAPE = {"lenet": (1, 28, 28), "resnet": (3, 32, 32)}
-NOISE = 1.0  # per-pixel noise around the class prototype (prototype pixels are N(0, 1))
+NOISE = 1.0  # std of the per-pixel noise around the class prototype (whose std is 1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,7 +137,11 @@ class SyntheticData:
         self.batch = batch
         self.seed = seed
         g = torch.Generator().manual_seed(seed * 1_000_003 - 1)  # never a step's seed
-        self.prototypes = torch.randn((CLASSES, *self.shape), generator=g)
+        channels, height, width = self.shape
+        coarse = torch.randn((CLASSES, channels, 7, 7), generator=g)
+        smooth = F.interpolate(coarse, size=(height, width), mode="bilinear",
+                               align_corners=False)
+        self.prototypes = smooth / smooth.std()
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of global step `step` (1-based)."""

@@ -5,6 +5,7 @@
   GET  /v1/jobs[?state=S]      list jobs (FIFO order)
   GET  /v1/jobs/{id}           one job with its runs
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
+  POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
   GET  /v1/runs                every launch segment (the schedule)
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
 
@@ -123,6 +124,12 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Applicatio
         job_id = _job_id(request)
         broker.cancel(job_id)
         return web.json_response({"id": job_id, "cancel": "requested"}, status=202)
+
+    @routes.post("/v1/jobs/{job_id}/suspend")
+    async def suspend(request: web.Request) -> web.Response:
+        job_id = _job_id(request)
+        broker.suspend(job_id)
+        return web.json_response({"id": job_id, "suspend": "requested"}, status=202)
 
     @routes.get("/v1/runs")
     async def runs(request: web.Request) -> web.Response:

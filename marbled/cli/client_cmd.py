@@ -173,6 +173,19 @@ def cancel(ctx, job_ids):
 
 
 @main.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.pass_context
+def suspend(ctx, job_ids):
+    """Checkpoint running jobs now; each resumes (on its optimal GPUs) when its turn comes.
+
+    Only jobs with --gpus auto can be suspended; the job must speak the worker protocol.
+    """
+    for job_id in job_ids:
+        _call(_client(ctx).post, f"/v1/jobs/{job_id}/suspend")
+        click.echo(f"suspend requested for job {job_id}")
+
+
+@main.command()
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
 @click.option("--interval", type=float, default=1.0, show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress lines.")

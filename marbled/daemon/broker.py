@@ -226,6 +226,20 @@ class Broker:
         self._wake.set()
         return ids
 
+    def suspend(self, job_id: int) -> None:
+        """Checkpoint a running job and put it back in the FIFO at its place (user request)."""
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            raise Refused(f"no job {job_id}", 404)
+        if job.state is not JobState.RUNNING or job_id not in self.live:
+            raise Refused(f"job {job_id} is {job.state}; only a running job can be suspended",
+                          409)
+        if not job.malleable:
+            raise Refused(f"job {job_id} has a fixed GPU count and cannot checkpoint; "
+                          "cancel it instead", 409)
+        self.state.apply(Suspend(job_id, None, "requested by the user"))
+        self._suspend(self.state.jobs[job_id], "requested by the user")
+
     def cancel(self, job_id: int) -> None:
         job = self.state.jobs.get(job_id)
         if job is None:
@@ -444,7 +458,7 @@ class Broker:
             end_step = None
         self._end_run(job_id, live.run_id, exit_code=code, reason=run_reason, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
-                      outcome=outcome)
+                      outcome=outcome, phases=progress.get("phases"))
         if outcome is JobState.SUSPENDED:
             self.state.suspended(job_id)
         else:
@@ -455,7 +469,7 @@ class Broker:
 
     def _end_run(self, job_id: int, run_id: int, *, exit_code: int | None, reason: str,
                  detail: str, end_step: int | None = None, start_step: int | None = None,
-                 outcome: JobState = JobState.SUSPENDED) -> None:
+                 outcome: JobState = JobState.SUSPENDED, phases: dict | None = None) -> None:
         now = time.time()
         with self.store.tx() as s:
             run = s.get(RunRow, run_id)
@@ -472,8 +486,9 @@ class Broker:
             else:
                 row.finished_at, row.exit_code = now, exit_code
             row.reason = detail
+            extra = {"phases": phases} if phases else {}
             self.store.log(s, reason, job_id, run_id, at=now, exit_code=exit_code,
-                           step=end_step, detail=detail)
+                           step=end_step, detail=detail, **extra)
 
     def _finish_job(self, job_id: int, state: JobState, reason: str) -> None:
         """End a job that is not running (a cancel, a dependency that can never be met)."""

@@ -153,3 +153,26 @@ def test_job_that_only_sends_sigusr1_is_acknowledged(daemon):
     assert resumed["gpu_count"] == 4 and resumed["end_reason"] == "done"
     (ack,) = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
     assert '"via": "SIGUSR1"' in ack["data"]
+
+
+def test_user_suspend_checkpoints_and_requeues(daemon):
+    """`marble suspend`: the job checkpoints, exits, and resumes at once (GPUs are free)."""
+    (job,) = daemon.submit({"model": "resnet-50", "steps": 3000, "emulate": True})
+    daemon.wait_for(lambda: daemon.jobs()[0]["step"] > 50, what="progress")
+    daemon.client.post(f"/v1/jobs/{job['id']}/suspend")
+    daemon.wait_all(timeout=60)
+    first, resumed = _chain(daemon, job["id"])
+    assert first["end_reason"] == "suspended" and first["end_step"] == resumed["start_step"]
+    assert resumed["end_step"] == 3000
+    (ended,) = daemon.query("SELECT data FROM events WHERE kind = 'suspended'")
+    assert '"phases"' in ended["data"] and '"restored"' in ended["data"]
+
+
+def test_suspend_of_rigid_or_queued_job_is_refused(daemon):
+    from marbled.cli.client import ApiError
+
+    daemon.submit({"gpus": 6, "command": ["sleep", "30"]}, {"gpus": 1, "command": ["true"]})
+    for job_id, says in ((1, "fixed GPU count"), (2, "only a running job")):
+        with pytest.raises(ApiError) as err:
+            daemon.client.post(f"/v1/jobs/{job_id}/suspend")
+        assert err.value.status == 409 and says in str(err.value)
