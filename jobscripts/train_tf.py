@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 from marbled.worker.keras import MarbleCallback  # noqa: E402
 from marbled.worker.tf import TFCheckpoint, strategy_for_run  # noqa: E402
 
-PROTO.mark("imported")
+PROTO.ready()  # imports done; a prestarted process waits here for its GPUs
 CLASSES = 10
 
 

@@ -43,12 +43,18 @@ from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
                    "SIGKILL.")
 @click.option("--monitor-interval", type=click.FloatRange(min=0.05), default=1.0,
               show_default=True, help="Seconds between checks for acknowledgement markers.")
+@click.option("--prestart", type=click.Choice(["ahead", "suspend", "off"]), default="ahead",
+              show_default=True,
+              help="Start the process of a job's next run before its GPUs are free, so its "
+                   "framework import is done by then: 'ahead' keeps one waiting for each "
+                   "running secondary (the jobs MARBLE promotes), 'suspend' starts it at "
+                   "the suspension. Only for jobs that call JobProtocol.ready().")
 @click.option("--detach", is_flag=True,
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
 def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout, kill_timeout,
-         monitor_interval, detach, log_level):
+         monitor_interval, prestart, detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -83,7 +89,7 @@ def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout,
         state_dir=state_dir, nodes={local_node_name(): devices}, book=book,
         profile_ref=str(profile_path.absolute()), time_scale=time_scale,
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
-        monitor_interval=monitor_interval,
+        monitor_interval=monitor_interval, prestart=prestart,
     )
     try:
         asyncio.run(serve(config, policy, source))

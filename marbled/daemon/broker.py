@@ -34,7 +34,13 @@ from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
 from marbled.launch.local import process_start_time
 from marbled.store.db import JobRow, RunRow, Store
-from marbled.worker.protocol import ACK_FILE, PROGRESS_FILE, read_json
+from marbled.worker.protocol import (
+    ACK_FILE,
+    GO_FILE,
+    PROGRESS_FILE,
+    atomic_write_json,
+    read_json,
+)
 
 log = logging.getLogger("marbled")
 
@@ -58,6 +64,17 @@ class BrokerConfig:
     suspend_timeout: float = 60.0  # SIGTSTP -> acknowledgement, before SIGTERM
     kill_timeout: float = 10.0  # SIGTERM -> exit, before SIGKILL
     monitor_interval: float = 1.0
+    # When to start the process of a job's next run before its GPUs are free:
+    # "ahead" keeps one waiting for every running secondary (the runs MARBLE
+    # suspends) and starts one at any other suspension; "suspend" only at a
+    # suspension; "off" never.
+    prestart: str = "ahead"
+
+
+@dataclass
+class Standby:
+    launched: asyncio.Task  # the launch of the waiting process, giving its RunHandle
+    go_file: Path
 
 
 @dataclass
@@ -95,6 +112,7 @@ class Broker:
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._cancel_pending: set[int] = set()
+        self.standby: dict[int, Standby] = {}
 
     # ------------------------------------------------------------ paths
 
@@ -165,6 +183,11 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.monitor_interval)
             self.check_acks()
+            if self.config.prestart == "ahead" and not self.draining:
+                for job_id in self.live:
+                    job = self.state.jobs[job_id]
+                    if job.role is Role.SECONDARY and job.state is JobState.RUNNING:
+                        self._prestart(job)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -261,6 +284,8 @@ class Broker:
         if not self.draining:
             self.draining = True
             self._record_event("drain", reason=reason)
+            for job_id in list(self.standby):
+                self._drop_standby(job_id)
             for job in list(self.state.jobs.values()):
                 if job.state is JobState.RUNNING and job.id in self.live:
                     self.state.apply(Suspend(job.id, None, reason))
@@ -274,7 +299,6 @@ class Broker:
     # ------------------------------------------------------------ effects
 
     async def _launch(self, job: Job, action: Start) -> None:
-        spec = self.specs[job.id]
         jdir = self.job_dir(job.id)
         (jdir / "checkpoint").mkdir(parents=True, exist_ok=True)
         for stale in (ACK_FILE, PROGRESS_FILE):
@@ -296,33 +320,19 @@ class Broker:
                            node=action.node, gpus=list(action.gpus), role=action.role.value,
                            step=start_step)
         devices = tuple(self.config.nodes[action.node][g] for g in action.gpus)
-        argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
-        env = {
-            "MARBLE_JOB_ID": str(job.id),
-            "MARBLE_RUN_ID": str(run_id),
-            "MARBLE_RUN_DIR": str(jdir),
-            "MARBLE_CHECKPOINT_DIR": str(jdir / "checkpoint"),
-            "MARBLE_BROKER_PID": str(os.getpid()),
-            "MARBLE_GPUS": str(len(devices)),
-            "MARBLE_ROLE": action.role.value,
-            "MARBLE_LAUNCH_TIME": repr(time.time()),
-        }
-        if spec.steps:
-            env["MARBLE_TARGET_STEPS"] = str(spec.steps)
-        if spec.model:
-            env["MARBLE_MODEL"] = spec.model
-        if spec.emulate:
-            env["MARBLE_PROFILE"] = self.config.profile_ref
-            env["MARBLE_TIME_SCALE"] = repr(self.config.time_scale)
-        request = LaunchRequest(tuple(argv), env, action.node, devices, jdir,
-                                jdir / "stdout.log", jdir / "stderr.log")
-        try:
-            handle = await self.launcher.launch(request)
-        except OSError as exc:
-            self._end_run(job.id, run_id, exit_code=None, reason="failed", outcome=JobState.FAILED,
-                          detail=f"could not start {argv[0]!r}: {exc.strerror or exc}")
-            self.state.finished(job.id, JobState.FAILED)
-            return
+        run_env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_GPUS": str(len(devices)),
+                   "MARBLE_ROLE": action.role.value, "MARBLE_LAUNCH_TIME": repr(time.time())}
+        handle = await self._take_standby(job.id, {**run_env, "devices": devices})
+        if handle is None:
+            request = self._request(job.id, action.node, devices, run_env)
+            try:
+                handle = await self.launcher.launch(request)
+            except OSError as exc:
+                self._end_run(job.id, run_id, exit_code=None, reason="failed",
+                              outcome=JobState.FAILED,
+                              detail=f"could not start {request.argv[0]!r}: {exc.strerror or exc}")
+                self.state.finished(job.id, JobState.FAILED)
+                return
         with self.store.tx() as s:
             r = s.get(RunRow, run_id)
             r.pid, r.pid_start = handle.pid, handle.pid_start
@@ -336,6 +346,71 @@ class Broker:
         elif self.draining:
             self.state.apply(Suspend(job.id, None, "shutdown"))
             self._suspend(self.state.jobs[job.id], "shutdown")
+
+    def _request(self, job_id: int, node: str, devices: tuple[str, ...],
+                 run_env: dict[str, str]) -> LaunchRequest:
+        spec = self.specs[job_id]
+        jdir = self.job_dir(job_id)
+        env = {
+            "MARBLE_JOB_ID": str(job_id),
+            "MARBLE_RUN_DIR": str(jdir),
+            "MARBLE_CHECKPOINT_DIR": str(jdir / "checkpoint"),
+            "MARBLE_BROKER_PID": str(os.getpid()),
+            **run_env,
+        }
+        if spec.steps:
+            env["MARBLE_TARGET_STEPS"] = str(spec.steps)
+        if spec.model:
+            env["MARBLE_MODEL"] = spec.model
+        if spec.emulate:
+            env["MARBLE_PROFILE"] = self.config.profile_ref
+            env["MARBLE_TIME_SCALE"] = repr(self.config.time_scale)
+        argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
+        return LaunchRequest(tuple(argv), env, node, devices, jdir,
+                             jdir / "stdout.log", jdir / "stderr.log")
+
+    # -- prestart: the resumed process imports its framework while the old one checkpoints
+
+    def _prestart(self, job: Job) -> None:
+        """Start the process of the job's next run now, on no GPU, waiting for its go file.
+
+        Only for jobs whose worker declared it waits (`JobProtocol.ready()` in its
+        progress reports): a script that ignored the go file would train twice.
+        """
+        if self.config.prestart == "off" or job.id in self.standby or not job.placement:
+            return
+        progress = read_json(self.job_dir(job.id) / PROGRESS_FILE) or {}
+        if not progress.get("prestart"):
+            return
+        go = self.job_dir(job.id) / GO_FILE
+        go.unlink(missing_ok=True)
+        request = self._request(job.id, job.placement.node, (), {
+            "MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(time.time())})
+        self.standby[job.id] = Standby(self._spawn(self.launcher.launch(request)), go)
+        self._record_event("prestarted", job.id)
+
+    async def _take_standby(self, job_id: int, go: dict) -> RunHandle | None:
+        """Hand the run to the job's prestarted process, if it is alive; None otherwise."""
+        standby = self.standby.pop(job_id, None)
+        if standby is None:
+            return None
+        try:
+            handle = await standby.launched
+        except OSError:
+            return None
+        if not handle.signal(0):
+            return None
+        devices = go.pop("devices")
+        atomic_write_json(standby.go_file, {**go, "CUDA_VISIBLE_DEVICES": ",".join(devices)})
+        self._record_event("go", job_id, int(go["MARBLE_RUN_ID"]), pid=handle.pid)
+        return handle
+
+    def _drop_standby(self, job_id: int) -> None:
+        standby = self.standby.pop(job_id, None)
+        if standby is not None:
+            atomic_write_json(standby.go_file, {"cancel": True})
+            standby.launched.add_done_callback(
+                lambda t: t.exception() or t.result().signal(signal.SIGKILL))
 
     def _watch(self, job_id: int, live: LiveRun) -> None:
         self.live[job_id] = live
@@ -355,6 +430,8 @@ class Broker:
             return
         live.handle.signal(signal.SIGTSTP)
         self._record_event("suspend-requested", job.id, live.run_id, reason=reason)
+        if not self.draining:
+            self._prestart(job)
         loop = asyncio.get_running_loop()
         live.timers.append(
             loop.call_later(self.config.suspend_timeout, self._no_ack, job.id, live)
@@ -409,7 +486,7 @@ class Broker:
         live.clear_timers()
         latency = (time.time() - ack["signalled_at"]) if ack.get("signalled_at") else None
         self._record_event("acknowledged", job_id, live.run_id, step=ack.get("step"),
-                           latency=latency, via=ack["via"])
+                           latency=latency, via=ack["via"], save_seconds=ack.get("save_seconds"))
         # It should exit on its own now; do not let a slow teardown hold the GPUs.
         live.timers.append(asyncio.get_running_loop().call_later(
             self.config.kill_timeout, self._kill, job_id, live))
@@ -463,6 +540,7 @@ class Broker:
             self.state.suspended(job_id)
         else:
             self.state.finished(job_id, outcome)
+            self._drop_standby(job_id)
         self._wake.set()
 
     # ------------------------------------------------------------ records
@@ -494,6 +572,7 @@ class Broker:
         """End a job that is not running (a cancel, a dependency that can never be met)."""
         if not self.state.jobs[job_id].state.finished:
             self.state.finished(job_id, state)
+        self._drop_standby(job_id)
         now = time.time()
         with self.store.tx() as s:
             row = s.get(JobRow, job_id)

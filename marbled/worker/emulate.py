@@ -60,6 +60,7 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
     if curve is None:
         print(f"marble-emulate: model '{args.model}' is not in the profile", file=sys.stderr)
         return 2
+    proto.ready()
     gpus = max(proto.gpus, 1)
     proto.report_interval = 0.25
     step_seconds = args.time_scale / curve.throughput(gpus)

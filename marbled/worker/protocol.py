@@ -39,6 +39,7 @@ from typing import NoReturn
 
 ACK_FILE = "ack.json"
 PROGRESS_FILE = "progress.json"
+GO_FILE = "go.json"
 
 
 def fsync_dir(path: Path) -> None:
@@ -76,6 +77,16 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.strip().isdigit() else None
@@ -95,6 +106,7 @@ class JobProtocol:
     signalled_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)  # start-up timeline of this run
     report_interval: float = 1.0  # seconds between progress reports
+    waits_for_go: bool = False  # the job calls ready(): the broker may prestart its next run
     _last_report: float = field(default=0.0, repr=False)
 
     @classmethod
@@ -146,7 +158,7 @@ class JobProtocol:
         if start_step is not None:
             self.start_step = start_step
         payload = {"run_id": self.run_id, "step": step, "start_step": self.start_step,
-                   "time": now, "phases": self.phases}
+                   "time": now, "phases": self.phases, "prestart": self.waits_for_go}
         atomic_write_json(self.run_dir / PROGRESS_FILE, payload, durable=False)
 
     def acknowledge(self, step: int, **detail) -> None:
@@ -161,6 +173,34 @@ class JobProtocol:
             # If the broker is gone, the marker is read when the next one comes up.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.broker_pid, signal.SIGUSR1)
+
+    def ready(self) -> None:
+        """Call once the heavy imports are done, before the job touches a GPU.
+
+        Usually this returns at once. When the broker *prestarted* this process
+        (it launches the next run of a job while the old run is still writing its
+        checkpoint, so that the imports are done by the time the GPUs are free),
+        it waits here for the broker's go, then takes its run id and GPUs from it.
+        Calling it tells the broker that this job may be prestarted.
+        """
+        self.waits_for_go = True
+        self.mark("imported")
+        go_file = os.environ.pop("MARBLE_STANDBY_FILE", None)
+        if go_file is None:
+            return
+        go = None
+        while go is None:
+            go = read_json(Path(go_file))
+            if go is None:
+                if self.broker_pid and not _alive(self.broker_pid):
+                    os._exit(0)  # no broker, no go: the next broker starts the job afresh
+                time.sleep(0.01)
+        if go.get("cancel"):
+            os._exit(0)
+        os.environ.update({k: str(v) for k, v in go.items()})
+        self.run_id = int(go["MARBLE_RUN_ID"])
+        self.gpus = int(go["MARBLE_GPUS"])
+        self.phases["go"] = time.time()
 
     # -- step boundaries, shared by the framework helpers
 

@@ -36,6 +36,10 @@ def test_resumed_job_continues_at_its_checkpoint_step(daemon, tmp_path):
     assert _steps(log) == list(range(1, 1501))  # none lost, none repeated
     ack = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
     assert len(ack) == 1
+    # The resumed run's process was started while the old one checkpointed, then given
+    # its GPUs: the run ran in the prestarted process.
+    (go,) = daemon.query("SELECT run_id, data FROM events WHERE kind = 'go' AND job_id = 2")
+    assert go["run_id"] == resumed["id"] and f'"pid": {resumed["pid"]}' in go["data"]
 
 
 def test_job_ignoring_sigtstp_is_stopped_and_resumed_from_last_checkpoint(daemon_factory,
@@ -153,6 +157,8 @@ def test_job_that_only_sends_sigusr1_is_acknowledged(daemon):
     assert resumed["gpu_count"] == 4 and resumed["end_reason"] == "done"
     (ack,) = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
     assert '"via": "SIGUSR1"' in ack["data"]
+    # It never called JobProtocol.ready(), so the broker must not prestart it.
+    assert not daemon.query("SELECT id FROM events WHERE kind = 'prestarted'")
 
 
 def test_user_suspend_checkpoints_and_requeues(daemon):

@@ -1,0 +1,153 @@
+"""Suspend and resume costs of real training jobs, measured through the real daemon.
+
+For each framework and model, one job runs as a secondary on 1 of 2 emulated GPUs
+(a rigid filler holds the other) and is suspended (`POST /v1/jobs/{id}/suspend`)
+--cycles times; each time it checkpoints, exits, and is relaunched at once. From the broker's
+SQLite log and the job's start-up marks it reports medians of:
+
+  suspend    SIGTSTP sent -> acknowledgement written (step boundary + checkpoint save)
+  save       the checkpoint save alone (as the job timed it)
+  exit       acknowledgement -> process gone (teardown)
+  relaunch   process gone -> next run launched (the broker's reaction)
+  resume     launch -> first step completed, split into python start, framework
+             import, model build, restore, first step
+  gap        SIGTSTP sent -> first step of the resumed run (what the GPUs sit idle)
+
+    .venv/bin/python benchmarks/suspend_resume.py [--cycles 5] [--framework tf torch]
+        [--arch lenet resnet] [--prestart ahead|suspend|off] [--run-seconds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from marbled.cli.client import BrokerClient
+from marbled.daemon.main import DB_NAME, socket_path
+from marbled.demo import start_broker
+from marbled.resources import PROJECT_ROOT
+from marbled.worker.protocol import PROGRESS_FILE, read_json
+
+SCRIPTS = {"tf": "train_tf.py", "torch": "train_torch.py"}
+PHASES = ("python", "imported", "built", "restored", "first_step")
+
+
+def progress(state: Path, job: int) -> dict:
+    return read_json(state / "jobs" / str(job) / PROGRESS_FILE) or {}
+
+
+def wait_first_step(client: BrokerClient, state: Path, job: int, after_run: int | None,
+                    timeout: float = 300) -> int:
+    """Wait until a run newer than `after_run` has trained a few steps; its run id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = progress(state, job)
+        run = p.get("run_id")
+        if run and run != after_run and "first_step" in p.get("phases", {}) \
+                and p["step"] >= (p.get("start_step") or 0) + 3:
+            return run
+        time.sleep(0.05)
+    raise RuntimeError(f"job {job} did not resume within {timeout} s; see {state}")
+
+
+def checkpoint_bytes(ckpt_dir: Path) -> int:
+    """Size of the newest checkpoint (TF: ckpt-N.* files; torch: the newest .pt)."""
+    files = sorted((p for p in ckpt_dir.iterdir() if p.name.startswith("ckpt-")),
+                   key=lambda p: p.stat().st_mtime)
+    if not files:
+        return 0
+    newest = files[-1].name.split(".")[0]
+    return sum(p.stat().st_size for p in files if p.name.split(".")[0] == newest)
+
+
+def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float) -> dict:
+    script = PROJECT_ROOT / "jobscripts" / SCRIPTS[framework]
+    model = "lenet" if arch == "lenet" else "resnet-50"
+    with tempfile.TemporaryDirectory(prefix="marble-bench-") as tmp:
+        state = Path(tmp) / "state"
+        # 2 GPUs, one held by a rigid filler: the job (optimal 2) runs as a secondary on
+        # the other, the kind of run MARBLE suspends, and stays one after each resume.
+        proc = start_broker(state, "marble", 2, 1.0, ("--prestart", prestart))
+        try:
+            client = BrokerClient(socket_path(state))
+            client.post("/v1/jobs", {"gpus": 1, "command": ["sleep", "100000"]})
+            job = client.post("/v1/jobs", {"model": model, "steps": 10**9, "command": [
+                sys.executable, str(script), "--arch", arch, "--steps", str(10**9)]})["jobs"][0]
+            run = wait_first_step(client, state, job["id"], None)
+            for _ in range(cycles):
+                time.sleep(run_seconds)  # a run trains a while before it is suspended
+                client.post(f"/v1/jobs/{job['id']}/suspend")
+                run = wait_first_step(client, state, job["id"], run)
+            size = checkpoint_bytes(state / "jobs" / str(job["id"]) / "checkpoint")
+            client.post(f"/v1/jobs/{job['id']}/cancel")
+            client.post("/v1/jobs/1/cancel")
+            client.post("/v1/shutdown")
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return summarize(state / DB_NAME, size)
+
+
+def summarize(db: Path, size: int) -> dict:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    runs = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    events: dict[tuple[int, str], dict] = {}
+    for e in con.execute("SELECT * FROM events WHERE run_id IS NOT NULL ORDER BY id"):
+        events[(e["run_id"], e["kind"])] = {"at": e["at"], **json.loads(e["data"] or "{}")}
+    rows = []
+    for old, new in zip(runs, runs[1:], strict=False):
+        asked = events.get((old["id"], "suspend-requested"))
+        ack = events.get((old["id"], "acknowledged"))
+        new_end = events.get((new["id"], "suspended")) or events.get((new["id"], "cancelled"))
+        phases = (new_end or {}).get("phases") or {}
+        if not (asked and ack and all(p in phases for p in ("launch", *PHASES))):
+            continue
+        row = {
+            "suspend": ack["at"] - asked["at"],
+            "save": ack.get("save_seconds"),
+            "exit": old["ended_at"] - ack["at"],
+            "relaunch": new["started_at"] - old["ended_at"],
+            "gap": phases["first_step"] - asked["at"],
+        }
+        # A prestarted process did its early phases before the go: they cost nothing then.
+        start = phases.get("go", phases["launch"])
+        row["resume"] = phases["first_step"] - start
+        marks = ("launch", *PHASES)
+        for before, after in zip(marks, marks[1:], strict=False):
+            row[after] = max(0.0, phases[after] - max(phases[before], start))
+        rows.append(row)
+    med = {k: statistics.median(r[k] for r in rows if r[k] is not None) for k in rows[0]}
+    return {"cycles": len(rows), "checkpoint_mb": size / 1e6, **med}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--framework", nargs="+", choices=sorted(SCRIPTS), default=["tf", "torch"])
+    ap.add_argument("--arch", nargs="+", choices=["lenet", "resnet"], default=["lenet", "resnet"])
+    ap.add_argument("--prestart", choices=["ahead", "suspend", "off"], default="ahead",
+                    help="the broker's --prestart mode")
+    ap.add_argument("--run-seconds", type=float, default=6.0,
+                    help="how long each run trains before it is suspended")
+    args = ap.parse_args()
+    cols = ("suspend", "save", "exit", "relaunch", "python", "imported", "built", "restored",
+            "first_step", "resume", "gap")
+    print(f"medians in seconds over {args.cycles} cycles, --prestart {args.prestart}")
+    print(f"{'job':14}{'ckpt MB':>8}" + "".join(f"{c:>11}" for c in cols))
+    for fw in args.framework:
+        for arch in args.arch:
+            r = measure(fw, arch, args.cycles, args.prestart, args.run_seconds)
+            print(f"{fw + '/' + arch:14}{r['checkpoint_mb']:>8.2f}"
+                  + "".join(f"{r[c]:>11.3f}" for c in cols), flush=True)
+
+
+if __name__ == "__main__":
+    main()
