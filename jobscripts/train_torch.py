@@ -3,13 +3,15 @@
 Runs under marbled (checkpoints in MARBLE_CHECKPOINT_DIR, target steps from
 MARBLE_TARGET_STEPS) or alone (checkpoints in ./marble-checkpoint). Torch runs on
 the CPU; CUDA_VISIBLE_DEVICES is only counted and reported (on a machine without
-GPUs the broker hands out emulated GPU ids).
+GPUs the broker hands out emulated GPU ids). It calls JobProtocol.ready() once the
+model and optimizer are built, so the broker may prestart it: the next run's process
+imports torch and builds while the previous run checkpoints, then waits for its GPUs.
 
 The batch of global step s is a pure function of (seed, s), so no data-loader state
 needs checkpointing, and a suspended and resumed run computes the same losses as an
-uninterrupted one, bit for bit. Labels are learnable: each class has a fixed, smooth
-random prototype image (7x7 noise, upsampled) and a sample is its class's prototype
-plus pixel noise of the same strength.
+uninterrupted one with the same thread count (--threads), bit for bit. Labels are
+learnable: each class has a fixed, smooth random prototype image (7x7 noise,
+upsampled) and a sample is its class's prototype plus pixel noise of the same strength.
 
     python jobscripts/train_torch.py --arch lenet --steps 400 --loss-log losses.txt
 """
@@ -163,9 +165,6 @@ def train(args: argparse.Namespace) -> int:
         PROTO.report_interval = args.report_interval
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"train_torch: CUDA_VISIBLE_DEVICES lists {visible_devices()} device(s) "
-          "(emulated GPU ids where there are no GPUs); torch runs on the CPU with "
-          f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     model = build_model(args.arch)
@@ -173,6 +172,13 @@ def train(args: argparse.Namespace) -> int:
     data = SyntheticData(args.arch, args.batch, args.seed)
     loss_fn = nn.CrossEntropyLoss()
     PROTO.mark("built")
+    # A process the broker prestarted waits here (imports and build done, ~4 s) until
+    # the old run has checkpointed; it then gets its run id and GPUs. Nothing before this
+    # line may depend on the run: the checkpoint is read after it.
+    PROTO.ready()
+    print(f"train_torch: CUDA_VISIBLE_DEVICES lists {visible_devices()} device(s) "
+          "(emulated GPU ids where there are no GPUs); torch runs on the CPU with "
+          f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
 
     ckpt = TorchCheckpoint(model, optimizer, protocol=PROTO, fast_exit=args.fast_exit)
     step = start = ckpt.restore()
@@ -191,7 +197,7 @@ def train(args: argparse.Namespace) -> int:
         step += 1
         loss = batch_loss.item()
         if log:
-            log.write(f"{step} {loss!r}\n")  # line-buffered: on disk before any exit
+            log.write(f"{step} {loss!r}\n")  # line-buffered: written before any exit
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             ckpt.save(step)
         ckpt.step_finished(step)

@@ -72,6 +72,7 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
 
     def save(at: int) -> None:
         nonlocal saved
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(ckpt_path, {"model": args.model, "step": at, "time": time.time()})
         saved = at
 

@@ -137,7 +137,6 @@ class JobProtocol:
         signal.signal(signal.SIGTSTP, self._on_tstp)
         signal.siginterrupt(signal.SIGTSTP, False)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         return self
 
     def _on_tstp(self, signum, frame) -> None:

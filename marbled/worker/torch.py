@@ -7,12 +7,15 @@ Usage (the job must create and install its JobProtocol in its FIRST lines, befor
     PROTO = JobProtocol.from_env().install()          # before `import torch`
     import torch
     from marbled.worker.torch import TorchCheckpoint
-    model, opt = build_model(), torch.optim.Adam(...)  # construct the optimizer first
+    model, opt = build_model(), torch.optim.Adam(...)  # on the CPU; optimizer built too
+    PROTO.ready()                  # a prestarted process waits here for its run and GPUs
     ckpt = TorchCheckpoint(model, opt, protocol=PROTO)
     step = ckpt.restore()                              # newest loadable checkpoint, or 0
     while step < target:
-        train_one_step(step + 1); step += 1
-        ckpt.step_finished(step)                       # suspends here if the broker asked
+        step += 1; train_one_step(step); ckpt.step_finished(step)  # may suspend here
+
+Touch no GPU and read no checkpoint before `ready()`: a process the broker started
+ahead of time gets its GPUs (CUDA_VISIBLE_DEVICES) only there.
 
 A checkpoint `ckpt-{step:09d}.pt` holds the model, optimizer and (optional)
 scheduler state dicts, the step, and the torch and Python `random` RNG states, so a
@@ -131,8 +134,9 @@ class TorchCheckpoint:
         atomic_write(path, lambda f: torch.save(state, f), durable=True, binary=True)
         self.saved_step = step
         for _, old in self.checkpoints()[self.keep:]:
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
+            if old != path:  # only older steps; never the file just written
+                with contextlib.suppress(FileNotFoundError):
+                    old.unlink()
         return path
 
     # -- restore

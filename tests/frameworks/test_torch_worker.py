@@ -239,8 +239,8 @@ def test_lenet_promoted_by_daemon_on_emulated_gpus_resumes_bit_identical(daemon_
                                                                        tmp_path):
     """Real marbled, EMULATED GPUs (torch trains on the CPU): LeNet starts as a secondary
     on the 1 GPU a rigid filler leaves; cancelling the filler makes the broker suspend
-    it (checkpoint) and resume it as primary on its optimal 2 GPUs; the losses of all
-    400 steps equal an uninterrupted run's, bit for bit."""
+    it (checkpoint) and resume it, in the process it prestarted, as primary on its optimal
+    2 GPUs; the losses of all 400 steps equal an uninterrupted run's, bit for bit."""
     steps = 400
     ref_dir = tmp_path / "reference"
     ref = _launch(ref_dir, ["--steps", str(steps), "--loss-log", str(tmp_path / "ref.log")],
@@ -269,5 +269,9 @@ def test_lenet_promoted_by_daemon_on_emulated_gpus_resumes_bit_identical(daemon_
     assert 0 < at == second["start_step"] < steps and second["end_step"] == steps
     (ack,) = daemon.query("SELECT data FROM events WHERE kind = 'acknowledged' AND job_id = 2")
     assert '"via": "marker"' in ack["data"]
+    # train_torch.py calls JobProtocol.ready(): the resumed run was the process the broker
+    # prestarted (torch imported, model built) and then handed its GPUs.
+    (go,) = daemon.query("SELECT run_id, data FROM events WHERE kind = 'go' AND job_id = 2")
+    assert go["run_id"] == second["id"] and f'"pid": {second["pid"]}' in go["data"]
     _finish(ref, ref_dir)
     _check_resumed_losses(log, tmp_path / "ref.log", steps, at)
