@@ -14,7 +14,7 @@ SQLite log and the job's start-up marks it reports medians of:
   gap        SIGTSTP sent -> first step of the resumed run (what the GPUs sit idle)
 
     .venv/bin/python benchmarks/suspend_resume.py [--cycles 5] [--framework tf torch]
-        [--arch lenet resnet] [--prestart ahead|suspend|off] [--run-seconds 6]
+        [--arch lenet resnet] [--prestart ahead|suspend|off] [--run-seconds 6] [--slow-exit]
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def checkpoint_bytes(ckpt_dir: Path) -> int:
     return sum(p.stat().st_size for p in files if p.name.split(".")[0] == newest)
 
 
-def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float) -> dict:
+def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float,
+            job_args: tuple[str, ...] = ()) -> dict:
     script = PROJECT_ROOT / "jobscripts" / SCRIPTS[framework]
     model = "lenet" if arch == "lenet" else "resnet-50"
     with tempfile.TemporaryDirectory(prefix="marble-bench-") as tmp:
@@ -78,7 +79,8 @@ def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: 
             client = BrokerClient(socket_path(state))
             client.post("/v1/jobs", {"gpus": 1, "command": ["sleep", "100000"]})
             job = client.post("/v1/jobs", {"model": model, "steps": 10**9, "command": [
-                sys.executable, str(script), "--arch", arch, "--steps", str(10**9)]})["jobs"][0]
+                sys.executable, str(script), "--arch", arch, "--steps", str(10**9),
+                *job_args]})["jobs"][0]
             run = wait_first_step(client, state, job["id"], None)
             for _ in range(cycles):
                 time.sleep(run_seconds)  # a run trains a while before it is suspended
@@ -137,14 +139,18 @@ def main() -> None:
                     help="the broker's --prestart mode")
     ap.add_argument("--run-seconds", type=float, default=6.0,
                     help="how long each run trains before it is suspended")
+    ap.add_argument("--slow-exit", action="store_true",
+                    help="jobs leave through the interpreter teardown instead of os._exit")
     args = ap.parse_args()
     cols = ("suspend", "save", "exit", "relaunch", "python", "imported", "built", "restored",
             "first_step", "resume", "gap")
-    print(f"medians in seconds over {args.cycles} cycles, --prestart {args.prestart}")
+    print(f"medians in seconds over {args.cycles} cycles, --prestart {args.prestart}"
+          + (", slow exit" if args.slow_exit else ""))
     print(f"{'job':14}{'ckpt MB':>8}" + "".join(f"{c:>11}" for c in cols))
     for fw in args.framework:
         for arch in args.arch:
-            r = measure(fw, arch, args.cycles, args.prestart, args.run_seconds)
+            r = measure(fw, arch, args.cycles, args.prestart, args.run_seconds,
+                        ("--no-fast-exit",) if args.slow_exit else ())
             print(f"{fw + '/' + arch:14}{r['checkpoint_mb']:>8.2f}"
                   + "".join(f"{r[c]:>11.3f}" for c in cols), flush=True)
 

@@ -39,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loss-log", help="append 'step loss' for every completed step")
+    p.add_argument("--no-fast-exit", dest="fast_exit", action="store_false",
+                   help="on suspension, exit through the normal interpreter teardown "
+                        "(slower; for measuring what the fast exit saves)")
     return p.parse_args()
 
 
@@ -102,16 +105,17 @@ def main() -> int:
         optimizer = keras.optimizers.Adam(args.lr)
         if args.mode == "keras":
             model.compile(optimizer=optimizer, loss=loss_fn)
-            marble = MarbleCallback(model, PROTO)
+            marble = MarbleCallback(model, PROTO, fast_exit=args.fast_exit)
             ckpt = marble.checkpoint
         else:
-            ckpt = TFCheckpoint(PROTO, model=model, optimizer=optimizer)
+            ckpt = TFCheckpoint(PROTO, model=model, optimizer=optimizer,
+                                fast_exit=args.fast_exit)
     PROTO.mark("built")
     step = ckpt.restore() if args.mode == "custom" else marble.initial_step
     iterations = int(optimizer.iterations.numpy())
     print(f"train_tf: restored step {step}, optimizer iterations {iterations}", file=sys.stderr)
     if PROTO.suspend_requested:  # asked while we were starting: no need to train first
-        PROTO.checkpoint_and_exit(step, ckpt.save, ckpt.saved_step)
+        PROTO.checkpoint_and_exit(step, ckpt.save, ckpt.saved_step, args.fast_exit)
 
     if args.mode == "keras":
         class LossLog(keras.callbacks.Callback):

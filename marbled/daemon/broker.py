@@ -187,7 +187,7 @@ class Broker:
                 for job_id in self.live:
                     job = self.state.jobs[job_id]
                     if job.role is Role.SECONDARY and job.state is JobState.RUNNING:
-                        self._prestart(job)
+                        self._prestart(job, once_training=True)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -371,7 +371,7 @@ class Broker:
 
     # -- prestart: the resumed process imports its framework while the old one checkpoints
 
-    def _prestart(self, job: Job) -> None:
+    def _prestart(self, job: Job, once_training: bool = False) -> None:
         """Start the process of the job's next run now, on no GPU, waiting for its go file.
 
         Only for jobs whose worker declared it waits (`JobProtocol.ready()` in its
@@ -382,6 +382,8 @@ class Broker:
         progress = read_json(self.job_dir(job.id) / PROGRESS_FILE) or {}
         if not progress.get("prestart"):
             return
+        if once_training and "first_step" not in progress.get("phases", {}):
+            return  # its imports would slow down the start of the run that just resumed
         go = self.job_dir(job.id) / GO_FILE
         go.unlink(missing_ok=True)
         request = self._request(job.id, job.placement.node, (), {
