@@ -7,6 +7,8 @@ daemon, the simulator) feed events in through the transition methods of
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -122,10 +124,26 @@ class TransitionError(ValueError):
 
 @dataclass
 class State:
-    """Nodes and jobs; `jobs` keeps submission order, which is the FIFO order."""
+    """Nodes and jobs; `jobs` keeps submission order, which is the FIFO order.
+
+    Change jobs only through the transition methods: they keep the indexes that
+    make a decision cost what the running and the head of the queue cost, not
+    what the whole history costs (the simulator replays tens of thousands of jobs).
+    """
 
     nodes: dict[str, Node]
     jobs: dict[int, Job] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._taken: dict[str, set[int]] = {name: set() for name in self.nodes}
+        self._waiting: list[int] = []  # ids of waiting jobs, ascending: the FIFO
+        self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
+        self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
+        self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
+        self._unfinished = 0
+        jobs, self.jobs = self.jobs, {}
+        for job in jobs.values():
+            self._put(job)
 
     @classmethod
     def single_node(cls, gpus: int, name: str = "node0") -> State:
@@ -135,16 +153,34 @@ class State:
 
     def taken(self, node: str) -> set[int]:
         """GPUs of `node` held by a running job or reserved for a resume."""
-        out: set[int] = set()
-        for job in self.jobs.values():
-            for p in (job.placement, job.resume_on):
-                if p is not None and p.node == node:
-                    out.update(p.gpus)
-        return out
+        return set(self._taken[node])
 
     def free(self, node: str) -> list[int]:
-        taken = self.taken(node)
+        taken = self._taken[node]
         return [g for g in self.nodes[node].gpus if g not in taken]
+
+    def waiting(self) -> Iterator[Job]:
+        """Jobs waiting for GPUs, in FIFO order."""
+        return (self.jobs[i] for i in self._waiting)
+
+    def engaged(self) -> list[Job]:
+        """Jobs that hold or have reserved GPUs, oldest first."""
+        return [self.jobs[i] for i in sorted(self._engaged)]
+
+    def nodes_with_free_gpus(self) -> list[str]:
+        return [n for n, node in self.nodes.items() if len(self._taken[n]) < node.size]
+
+    def running_secondaries(self, node: str) -> list[Job]:
+        """Secondaries running (not suspending) on `node`, oldest first."""
+        return [self.jobs[i] for i in sorted(self._secondaries[node])]
+
+    def resumable(self) -> list[Job]:
+        """Suspended jobs whose resume has GPUs reserved, oldest first."""
+        return [self.jobs[i] for i in sorted(self._resumable)]
+
+    @property
+    def unfinished(self) -> int:
+        return self._unfinished
 
     def active(self) -> list[Job]:
         return [j for j in self.jobs.values() if not j.state.finished]
@@ -158,7 +194,7 @@ class State:
     def submit(self, job: Job) -> None:
         if job.id in self.jobs:
             raise TransitionError(f"job {job.id} already exists")
-        self.jobs[job.id] = job
+        self._put(job)
 
     def apply(self, action: Action) -> Job:
         job = self.jobs[action.job]
@@ -179,26 +215,25 @@ class State:
                 new = replace(job, state=JobState.SUSPENDING, resume_on=resume_on)
             case Cancel():
                 new = self._finish(job, JobState.CANCELLED)
-        self.jobs[job.id] = new
-        return new
+        return self._put(new)
 
     def suspended(self, job_id: int) -> Job:
         """The job checkpointed and exited after a Suspend (or was stopped by force)."""
         job = self.jobs[job_id]
         if job.state not in (JobState.SUSPENDING, JobState.RUNNING):
             raise TransitionError(f"job {job_id} is {job.state}, not running")
-        new = replace(
+        return self._put(replace(
             job, state=JobState.SUSPENDED, placement=None, role=None,
             suspensions=job.suspensions + 1,
-        )
-        self.jobs[job_id] = new
-        return new
+        ))
 
     def finished(self, job_id: int, state: JobState) -> Job:
         """The job ended for good: DONE, FAILED or CANCELLED."""
-        new = self._finish(self.jobs[job_id], state)
-        self.jobs[job_id] = new
-        return new
+        return self._put(self._finish(self.jobs[job_id], state))
+
+    def drop_reservation(self, job_id: int) -> Job:
+        """Forget the GPUs kept for a job's resume (it will wait in the FIFO instead)."""
+        return self._put(replace(self.jobs[job_id], resume_on=None))
 
     @staticmethod
     def _finish(job: Job, state: JobState) -> Job:
@@ -207,3 +242,35 @@ class State:
         if job.state.finished:
             raise TransitionError(f"job {job.id} already ended ({job.state})")
         return replace(job, state=state, placement=None, resume_on=None)
+
+    def _put(self, new: Job) -> Job:
+        """Store `new` in place of the job's old version and update the indexes."""
+        old = self.jobs.get(new.id)
+        if old is not None:
+            for p in (old.placement, old.resume_on):
+                if p is not None:
+                    self._taken[p.node].difference_update(p.gpus)
+        for p in (new.placement, new.resume_on):
+            if p is not None:
+                self._taken[p.node].update(p.gpus)
+        was_waiting = old is not None and old.waiting
+        if was_waiting != new.waiting:
+            if new.waiting:
+                insort(self._waiting, new.id)
+            else:
+                del self._waiting[bisect_left(self._waiting, new.id)]
+        if new.placement or new.resume_on:
+            self._engaged.add(new.id)
+        else:
+            self._engaged.discard(new.id)
+        if old is not None and old.placement is not None:
+            self._secondaries[old.placement.node].discard(new.id)
+        if new.state is JobState.RUNNING and new.role is Role.SECONDARY:
+            self._secondaries[new.placement.node].add(new.id)
+        if new.state is JobState.SUSPENDED and new.resume_on is not None:
+            self._resumable.add(new.id)
+        else:
+            self._resumable.discard(new.id)
+        self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
+        self.jobs[new.id] = new
+        return new

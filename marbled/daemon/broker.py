@@ -292,7 +292,7 @@ class Broker:
                     self._suspend(job, reason)
                 elif job.state is JobState.SUSPENDING and job.resume_on is not None:
                     # A promotion under way: keep the suspension, forget the reservation.
-                    self.state.jobs[job.id] = replace(job, resume_on=None)
+                    self.state.drop_reservation(job.id)
             self._wake.set()
         await self._idle.wait()
 

@@ -1,20 +1,23 @@
-"""A small discrete-event simulator that drives the same policy objects as the daemon.
+"""A discrete-event simulator that drives the same policy objects as the daemon.
 
 Progress follows the profile curves; a launch costs `launch_s` before the
 first step (interpreter, framework, restore) and a suspension costs
 `suspend_s` between the request and the exit (the checkpoint), both with the
-GPUs held. Time is virtual, so a job set of the paper runs in microseconds.
+GPUs held. Time is virtual: a job set of the paper runs in microseconds, ten
+thousand jobs on 64 nodes in seconds (`benchmarks/simulator_speed.py`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
-from marbled.core.model import Job, JobState, Role, Start, State, Suspend
+from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
-from marbled.core.spec import JobSpec, size_job
+from marbled.core.spec import JobSpec, SpecError, size_job
+from marbled.sim.workloads import Arrival
 
 
 @dataclass(frozen=True)
@@ -30,14 +33,105 @@ class SimRun:
     reason: str  # 'done' or 'suspended'
 
 
+@dataclass(frozen=True)
+class JobStats:
+    id: int
+    model: str
+    steps: int
+    arrival: float
+    first_start: float
+    completion: float
+    suspensions: int
+
+    @property
+    def wait(self) -> float:
+        return self.first_start - self.arrival
+
+    @property
+    def jct(self) -> float:
+        """Job completion time: from arrival to the end."""
+        return self.completion - self.arrival
+
+
 @dataclass
 class SimResult:
+    policy: str
     runs: list[SimRun]
-    completion: dict[int, float]
+    jobs: dict[int, JobStats]
+    total_gpus: int
+    overhead_gpu_seconds: float  # GPUs held while launching or checkpointing
+    lower_bound: float
 
     @property
     def makespan(self) -> float:
-        return max(self.completion.values(), default=0.0)
+        return max((j.completion for j in self.jobs.values()), default=0.0)
+
+    @property
+    def total_jct(self) -> float:
+        return sum(j.jct for j in self.jobs.values())
+
+    @property
+    def average_jct(self) -> float:
+        return self.total_jct / len(self.jobs) if self.jobs else 0.0
+
+    @property
+    def average_wait(self) -> float:
+        return sum(j.wait for j in self.jobs.values()) / len(self.jobs) if self.jobs else 0.0
+
+    @property
+    def busy_gpu_seconds(self) -> float:
+        return sum(len(r.gpus) * (r.end - r.start) for r in self.runs)
+
+    @property
+    def utilization(self) -> float:
+        """Share of the GPU-time up to the makespan that some job held."""
+        span = self.makespan * self.total_gpus
+        return self.busy_gpu_seconds / span if span else 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        busy = self.busy_gpu_seconds
+        return self.overhead_gpu_seconds / busy if busy else 0.0
+
+    @property
+    def suspensions(self) -> int:
+        return sum(j.suspensions for j in self.jobs.values())
+
+    def busy_timeline(self) -> list[tuple[float, int]]:
+        """(time, GPUs held from then on), one point per change."""
+        deltas: dict[float, int] = {}
+        for r in self.runs:
+            deltas[r.start] = deltas.get(r.start, 0) + len(r.gpus)
+            deltas[r.end] = deltas.get(r.end, 0) - len(r.gpus)
+        out, busy = [], 0
+        for t in sorted(deltas):
+            busy += deltas[t]
+            out.append((t, busy))
+        return out
+
+    def summary(self) -> dict:
+        return {
+            "policy": self.policy, "jobs": len(self.jobs), "makespan_s": self.makespan,
+            "total_jct_s": self.total_jct, "average_jct_s": self.average_jct,
+            "average_wait_s": self.average_wait, "utilization": self.utilization,
+            "suspensions": self.suspensions, "overhead_share": self.overhead_share,
+            "lower_bound_s": self.lower_bound,
+        }
+
+
+def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
+                nodes: int) -> float:
+    """No schedule finishes before this: the larger of (a) the latest arrival plus that job's
+    best time on one node and (b) the first arrival plus all jobs' least GPU-time spread
+    over every GPU."""
+    longest, gpu_time = 0.0, 0.0
+    for a in arrivals:
+        curve = book.lookup(a.spec.model)
+        counts = [a.spec.gpus] if a.spec.gpus else range(1, gpus_per_node + 1)
+        longest = max(longest, a.at + min(a.spec.steps / curve.throughput(g) for g in counts))
+        gpu_time += min(g * a.spec.steps / curve.throughput(g) for g in counts)
+    start = min((a.at for a in arrivals), default=0.0)
+    return max(longest, start + gpu_time / (gpus_per_node * nodes))
 
 
 @dataclass
@@ -46,6 +140,7 @@ class _Live:
     progress_from: float  # when the first step starts (after the launch cost)
     start_step: float
     rate: float
+    version: int
     stop_at: float | None = None  # set when a suspension is under way
 
     def steps_at(self, t: float) -> float:
@@ -62,67 +157,103 @@ class Simulator:
     suspend_s: float = 0.0
     runs: list[SimRun] = field(default_factory=list)
 
-    def run(self, specs: list[JobSpec]) -> SimResult:
-        state = State(
-            nodes={
-                f"node{i}": State.single_node(self.gpus_per_node, f"node{i}").nodes[f"node{i}"]
-                for i in range(self.nodes)
-            }
-        )
-        steps: dict[int, float] = {}
-        models: dict[int, str] = {}
-        for i, spec in enumerate(specs, start=1):
-            sizing = size_job(spec, self.book, self.gpus_per_node)
-            state.submit(Job(i, sizing.demand, sizing.malleable, tuple(spec.after)))
-            steps[i] = float(spec.steps)
-            models[i] = spec.model
-        done: dict[int, float] = {i: 0.0 for i in steps}
-        live: dict[int, _Live] = {}
+    def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
+        arrivals = sorted(
+            (w if isinstance(w, Arrival) else Arrival(0.0, w) for w in workload),
+            key=lambda a: a.at)
+        for i, a in enumerate(arrivals, start=1):
+            if a.spec.model is None or self.book.lookup(a.spec.model) is None \
+                    or a.spec.steps is None:
+                raise SpecError("model", f"job {i}: the simulator needs a profiled model and "
+                                         "a step count for every job")
+        names = [f"node{i}" for i in range(self.nodes)]
+        state = State(nodes={n: Node(n, tuple(range(self.gpus_per_node))) for n in names})
+        self.runs = []
+        done: dict[int, float] = {}  # steps checkpointed so far
+        first_start: dict[int, float] = {}
         completion: dict[int, float] = {}
+        live: dict[int, _Live] = {}
+        heap: list[tuple[float, int, int, str]] = []  # (time, version, job, 'done'|'suspended')
+        version = 0
+        overhead = 0.0
         t = 0.0
+        next_arrival = 0
 
         def end_run(job_id: int, reason: str, at_step: float) -> None:
             lv = live.pop(job_id)
             job = state.jobs[job_id]
-            self.runs.append(
-                SimRun(job_id, job.placement.node, job.gpus, job.role, lv.run_start, t,
-                       round(lv.start_step), round(at_step), reason)
-            )
+            self.runs.append(SimRun(job_id, job.placement.node, job.gpus, job.role,
+                                    lv.run_start, t, round(lv.start_step), round(at_step),
+                                    reason))
 
-        for _ in range(100_000):
-            for action in self.policy.decide(state):
-                job = state.apply(action)
-                if isinstance(action, Start):
-                    rate = self.book.lookup(models[job.id]).throughput(len(action.gpus))
-                    live[job.id] = _Live(t, t + self.launch_s, done[job.id], rate)
-                elif isinstance(action, Suspend):
-                    live[job.id].stop_at = t + self.suspend_s
-                else:
-                    completion[job.id] = t
-            if not state.active():
-                return SimResult(self.runs, completion)
-            # The next event: a job reaching its last step, or a suspension ending.
-            nxt, who, what = math.inf, None, None
-            for job_id, lv in live.items():
-                left = steps[job_id] - lv.steps_at(t)
-                finish = max(t, lv.progress_from) + left / lv.rate
-                if lv.stop_at is not None and lv.stop_at < finish:
-                    if lv.stop_at < nxt:
-                        nxt, who, what = lv.stop_at, job_id, "suspended"
-                elif finish < nxt:
-                    nxt, who, what = finish, job_id, "done"
-            if who is None:
+        while True:
+            while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
+                a = arrivals[next_arrival]
+                next_arrival += 1
+                sizing = size_job(a.spec, self.book, self.gpus_per_node)
+                state.submit(Job(next_arrival, sizing.demand, sizing.malleable,
+                                 tuple(x for x in a.spec.after if isinstance(x, int))))
+                done[next_arrival] = 0.0
+            for _ in range(10_000):
+                actions = self.policy.decide(state)
+                if not actions:
+                    break
+                for action in actions:
+                    job = state.apply(action)
+                    if isinstance(action, Start):
+                        spec = arrivals[job.id - 1].spec
+                        rate = self.book.lookup(spec.model).throughput(len(action.gpus))
+                        version += 1
+                        lv = _Live(t, t + self.launch_s, done[job.id], rate, version)
+                        live[job.id] = lv
+                        first_start.setdefault(job.id, t)
+                        overhead += self.launch_s * len(action.gpus)
+                        finish = lv.progress_from + (spec.steps - lv.start_step) / rate
+                        heapq.heappush(heap, (finish, version, job.id, "done"))
+                    elif isinstance(action, Suspend):
+                        lv = live[job.id]
+                        lv.stop_at = t + self.suspend_s
+                        lv.version = version = version + 1
+                        left = arrivals[job.id - 1].spec.steps - lv.steps_at(t)
+                        finish = max(t, lv.progress_from) + left / lv.rate
+                        if finish <= lv.stop_at:  # it ends before it could checkpoint
+                            heapq.heappush(heap, (finish, version, job.id, "done"))
+                        else:
+                            heapq.heappush(heap, (lv.stop_at, version, job.id, "suspended"))
+                    else:
+                        completion[job.id] = t
+            else:
+                raise RuntimeError("the policy keeps acting without any event")
+            if not state.unfinished and next_arrival == len(arrivals):
+                break
+            while heap and (heap[0][2] not in live or heap[0][1] != live[heap[0][2]].version):
+                heapq.heappop(heap)  # a stale event: the run was suspended or replaced
+            arrive_at = arrivals[next_arrival].at if next_arrival < len(arrivals) else math.inf
+            if heap and heap[0][0] <= arrive_at:
+                t, _, who, what = heapq.heappop(heap)
+            elif arrive_at < math.inf:
+                t = arrive_at
+                continue
+            else:
                 raise RuntimeError("simulation is stuck: jobs wait but nothing runs")
-            t = nxt
             lv = live[who]
             if what == "done":
-                end_run(who, "done", steps[who])
+                end_run(who, "done", arrivals[who - 1].spec.steps)
                 state.finished(who, JobState.DONE)
                 completion[who] = t
             else:
                 # The checkpoint holds the last whole step reached before the request.
                 reached = math.floor(lv.steps_at(lv.stop_at - self.suspend_s))
                 done[who] = float(reached)
+                overhead += self.suspend_s * len(state.jobs[who].gpus)
                 end_run(who, "suspended", reached)
                 state.suspended(who)
-        raise RuntimeError("simulation did not converge")
+
+        stats = {
+            i: JobStats(i, a.spec.model, a.spec.steps, a.at, first_start.get(i, a.at),
+                        completion[i], state.jobs[i].suspensions)
+            for i, a in enumerate(arrivals, start=1)
+        }
+        return SimResult(self.policy.name, self.runs, stats, self.gpus_per_node * self.nodes,
+                         overhead, lower_bound(self.book, arrivals, self.gpus_per_node,
+                                               self.nodes))

@@ -35,9 +35,7 @@ def fifo_candidates(state: State, actions: list) -> Iterator[Job]:
     `actions`); jobs still waiting for a dependency are skipped, as the paper
     schedules "the next job which is marked as independent".
     """
-    for job in state.jobs.values():
-        if not job.waiting:
-            continue
+    for job in state.waiting():
         status = dependency_status(job, state)
         if status == "broken":
             actions.append(Cancel(job.id, "a job it depends on failed or was cancelled"))

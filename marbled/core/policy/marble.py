@@ -25,7 +25,7 @@ How we read the paper where it leaves room:
 
 from __future__ import annotations
 
-from marbled.core.model import JobState, Placement, Role, Start, State, Suspend
+from marbled.core.model import Placement, Role, Start, State, Suspend
 from marbled.core.policy.base import fifo_candidates
 
 
@@ -34,32 +34,30 @@ class MarblePolicy:
 
     def decide(self, state: State) -> list:
         actions: list = []
-        free = {name: state.free(name) for name in state.nodes}
-
         # Suspended by an earlier promotion: resume on the GPUs kept for it.
-        for job in state.jobs.values():
-            if job.state is JobState.SUSPENDED and job.resume_on is not None:
-                p = job.resume_on
-                actions.append(Start(job.id, p.node, p.gpus, Role.PRIMARY))
+        for job in state.resumable():
+            p = job.resume_on
+            actions.append(Start(job.id, p.node, p.gpus, Role.PRIMARY))
+
+        # Only nodes with free GPUs can promote or start anything.
+        free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
 
         # Algorithm 1, lines 5-9: promote running secondaries that can now reach optimal.
-        for job in state.jobs.values():
-            if job.state is not JobState.RUNNING or job.role is not Role.SECONDARY:
-                continue
-            node = job.placement.node
-            extra = job.demand - len(job.gpus)
-            if 0 < extra <= len(free[node]):
-                taken, free[node] = free[node][:extra], free[node][extra:]
-                target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
-                actions.append(Suspend(job.id, target, "promote"))
+        for node in free:
+            for job in state.running_secondaries(node):
+                extra = job.demand - len(job.gpus)
+                if 0 < extra <= len(free[node]):
+                    taken, free[node] = free[node][:extra], free[node][extra:]
+                    target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
+                    actions.append(Suspend(job.id, target, "promote"))
 
         # run_multiple_jobs(), lines 14-21.
         for job in fifo_candidates(state, actions):
-            fits = [n for n in state.nodes if len(free[n]) >= job.demand]
+            fits = [n for n in free if len(free[n]) >= job.demand]
             if fits:
                 node, role, count = fits[0], Role.PRIMARY, job.demand
             elif job.malleable and any(free.values()):
-                node = max(state.nodes, key=lambda n: len(free[n]))
+                node = max(free, key=lambda n: len(free[n]))
                 role, count = Role.SECONDARY, len(free[node])
             else:
                 break

@@ -15,9 +15,10 @@ class RigidPolicy:
 
     def decide(self, state: State) -> list:
         actions: list = []
-        free = {name: state.free(name) for name in state.nodes}
+        free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, actions):
-            for name, node in state.nodes.items():
+            for name in free:
+                node = state.nodes[name]
                 want = job.demand if not job.malleable else node.size
                 if want <= len(free[name]):
                     gpus, free[name] = free[name][:want], free[name][want:]
