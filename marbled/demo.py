@@ -32,8 +32,11 @@ PAPER_SECONDS = {
 
 
 def jobset_path(name: str) -> Path:
+    """A workload file, or the name of one in workloads/ (e.g. paper-jobset3)."""
     path = Path(name)
-    return path if path.suffix in (".yaml", ".yml") else PROJECT_ROOT / "workloads" / f"{name}.yaml"
+    if path.suffix in (".yaml", ".yml", ".csv") or path.exists():
+        return path
+    return PROJECT_ROOT / "workloads" / f"{name}.yaml"
 
 
 def start_broker(state_dir: Path, policy: str, gpus: int, time_scale: float,

@@ -11,9 +11,12 @@ import click
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
 from marbled.cli.schedule import format_gantt, format_table, schedule_rows
+from marbled.core.policy import POLICIES
+from marbled.core.profiles import ProfileError
 from marbled.core.spec import JobSpec, SpecError
 from marbled.daemon.main import default_state_dir, socket_path
-from marbled.resources import JobFileError, load_job_file
+from marbled.demo import jobset_path
+from marbled.resources import DEFAULT_PROFILE, JobFileError, load_job_file, load_profile
 
 FINAL = {"done", "failed", "cancelled"}
 
@@ -278,6 +281,82 @@ def _process_exists(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@main.command()
+@click.option("--policy", "policies", multiple=True, type=click.Choice(sorted(POLICIES)),
+              help="Policy to simulate; repeat to compare. [default: every policy]")
+@click.option("--workload", type=click.Path(path_type=Path, dir_okay=False),
+              help="A job-set YAML (all jobs at t=0), a CSV trace (see docs/traces.md), or "
+                   "a name in workloads/ such as paper-jobset3.")
+@click.option("--poisson", "poisson_jobs", type=click.IntRange(1), default=None,
+              help="Instead of --workload: N synthetic jobs with Poisson arrivals.")
+@click.option("--rate", type=click.FloatRange(min=1e-6), default=60.0, show_default=True,
+              help="With --poisson: arrivals per hour.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="With --poisson: the random seed (the simulation itself is deterministic).")
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True)
+@click.option("--gpus", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node. [default: the profile's gpus_per_node]")
+@click.option("--launch-overhead", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds from a launch to the first step (import, build, restore).")
+@click.option("--suspend-overhead", type=click.FloatRange(min=0), default=0.0,
+              show_default=True, help="Seconds from a suspension request to the exit.")
+@click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also draw the GPUs over time into this PNG (needs matplotlib).")
+@click.option("--json", "as_json", is_flag=True)
+def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
+             launch_overhead, suspend_overhead, gantt, as_json):
+    """What would each policy do with a workload? A simulation on the profile's curves.
+
+    Runs the same policy code as marbled on a virtual clock and prints, per
+    policy: makespan, average job completion time and wait, GPU utilization,
+    suspensions, the share of GPU-time lost to launch/suspend overheads, and the
+    makespan against a lower bound no schedule can beat.
+
+    \b
+    Examples:
+      marble simulate --workload paper-jobset3 --gantt jobset3.png
+      marble simulate --poisson 1000 --rate 120 --nodes 4 --launch-overhead 5
+      marble simulate --workload my-history.csv --nodes 8 --json
+    """
+    from marbled.core.policy import get_policy
+    from marbled.sim.engine import Simulator
+    from marbled.sim.report import comparison_table, gantt_png
+    from marbled.sim.workloads import TraceError, from_job_file, poisson, read_trace
+
+    if (workload is None) == (poisson_jobs is None):
+        raise click.UsageError("give either --workload FILE or --poisson N")
+    try:
+        book = load_profile(profile)
+        per_node = gpus or book.gpus_per_node
+        if workload is not None:
+            path = jobset_path(str(workload))
+            arrivals = read_trace(path) if path.suffix == ".csv" else from_job_file(path)
+        else:
+            mix = {m: 1.0 for m in ("resnet-50", "inception-v3", "resnet-101", "vgg-16")}
+            arrivals = poisson(poisson_jobs, rate, mix, (500, 5000), seed)
+        results = [
+            Simulator(book, get_policy(name), per_node, nodes, launch_overhead,
+                      suspend_overhead).run(arrivals)
+            for name in (policies or sorted(POLICIES))
+        ]
+    except (ProfileError, JobFileError, TraceError, SpecError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if gantt:
+        gantt_png(results, gantt)
+    if as_json:
+        _echo_json({"nodes": nodes, "gpus_per_node": per_node, "profile": book.system,
+                    "results": [r.summary() for r in results],
+                    "gantt": str(gantt) if gantt else None})
+        return
+    click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {per_node} GPUs, profile "
+               f"{book.system}, overheads: launch {launch_overhead:g} s, "
+               f"suspend {suspend_overhead:g} s")
+    click.echo(comparison_table(results))
+    if gantt:
+        click.echo(f"Gantt chart: {gantt}")
 
 
 @main.command()

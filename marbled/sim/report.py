@@ -1,0 +1,82 @@
+"""Present simulation results: a comparison table and a Gantt chart of GPUs over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marbled.sim.engine import SimResult
+
+COLUMNS = (
+    ("policy", "policy", "{:<10}"),
+    ("jobs", "jobs", "{:>6}"),
+    ("makespan_s", "makespan s", "{:>11.0f}"),
+    ("average_jct_s", "avg JCT s", "{:>10.0f}"),
+    ("average_wait_s", "avg wait s", "{:>11.0f}"),
+    ("utilization", "GPU util", "{:>9.1%}"),
+    ("suspensions", "suspends", "{:>9}"),
+    ("overhead_share", "overhead", "{:>9.1%}"),
+    ("vs_bound", "makespan/LB", "{:>12.2f}"),
+)
+
+
+def comparison_table(results: list[SimResult]) -> str:
+    rows = []
+    for r in results:
+        s = r.summary()
+        s["vs_bound"] = r.makespan / r.lower_bound if r.lower_bound else float("nan")
+        rows.append(s)
+    head = "".join("{:" + _width(fmt) + "}" for _, _, fmt in COLUMNS)
+    lines = [head.format(*(title for _, title, _ in COLUMNS))]
+    for s in rows:
+        lines.append("".join(fmt.format(s[key]) for key, _, fmt in COLUMNS))
+    if results:
+        lines.append(f"lower bound (no policy can beat it): {results[0].lower_bound:.0f} s")
+    return "\n".join(lines)
+
+
+def _width(fmt: str) -> str:
+    """The alignment and width of a format such as '{:>11.0f}', for the header."""
+    spec = fmt[fmt.index(":") + 1:-1]
+    align = spec[0] if spec[0] in "<>^" else ">"
+    width = "".join(ch for ch in spec.lstrip("<>^").split(".")[0] if ch.isdigit())
+    return f"{align}{width}"
+
+
+def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
+    """One panel per policy: a row per GPU, a bar per run (hatched: secondary)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab20").colors
+    horizon = max(r.makespan for r in results)
+    fig, axes = plt.subplots(len(results), 1, squeeze=False, sharex=True,
+                             figsize=(11, 1.2 + 0.28 * min(max_gpus, results[0].total_gpus)
+                                      * len(results)))
+    for ax, result in zip(axes[:, 0], results, strict=True):
+        rows: dict[tuple[str, int], int] = {}
+        for run in sorted(result.runs, key=lambda r: r.start):
+            for g in run.gpus:
+                key = (run.node, g)
+                if key not in rows:
+                    if len(rows) >= max_gpus:
+                        continue
+                    rows[key] = len(rows)
+                ax.barh(rows[key], run.end - run.start, left=run.start, height=0.8,
+                        color=colors[(run.job - 1) % len(colors)], edgecolor="black",
+                        linewidth=0.3, hatch="///" if run.role.value == "secondary" else None)
+                if run.end - run.start > horizon / 40 and len(result.jobs) <= 40:
+                    ax.text(run.start + (run.end - run.start) / 2, rows[key], str(run.job),
+                            ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), [f"{n}/gpu{g}" for n, g in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.axvline(result.lower_bound, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{result.policy}: makespan {result.makespan:.0f} s, "
+                     f"{result.suspensions} suspensions (hatched: secondary; "
+                     f"dashed: lower bound)", fontsize=9)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,105 @@
+"""The simulator: metrics, the lower bound, arrivals, and `marble simulate`."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from marbled.cli.client_cmd import main as marble
+from marbled.core.policy import get_policy
+from marbled.core.spec import JobSpec
+from marbled.resources import PROJECT_ROOT, load_profile
+from marbled.sim.engine import Simulator
+from marbled.sim.workloads import Arrival, from_job_file, poisson
+
+BOOK = load_profile("summit-v100")
+JOBSET3 = from_job_file(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")
+MIX = {"resnet-50": 1.0, "inception-v3": 1.0, "vgg-16": 1.0}
+
+
+def simulate(policy, arrivals, nodes=1, **kw):
+    return Simulator(BOOK, get_policy(policy), 6, nodes, **kw).run(arrivals)
+
+
+def test_no_policy_beats_the_lower_bound_and_rigid_job_set_3_equals_it_exactly():
+    for policy in ("marble", "rigid"):
+        r = simulate(policy, JOBSET3)
+        assert r.makespan >= r.lower_bound - 1e-9
+    rigid = simulate("rigid", JOBSET3)
+    # Three jobs one after another on all 6 GPUs: 900/6.358 + 2000/5.263 + 800/4.314 s.
+    assert abs(rigid.makespan - (900 / 6.358 + 2000 / 5.263 + 800 / 4.314)) < 1e-6
+    assert abs(rigid.utilization - 1.0) < 1e-12 and rigid.suspensions == 0
+
+
+def test_job_stats_and_overheads_add_up():
+    r = simulate("marble", JOBSET3, launch_s=5.0, suspend_s=2.0)
+    assert r.suspensions == 2  # Inception-v3 and VGG-16 promoted once each
+    assert sum(len(run.gpus) for run in r.runs if run.reason == "suspended") == 5
+    # Every launch holds its GPUs 5 s, every suspension 2 s.
+    expected = 5.0 * sum(len(run.gpus) for run in r.runs) + 2.0 * (3 + 2)
+    assert abs(r.overhead_gpu_seconds - expected) < 1e-6
+    assert 0 < r.overhead_share < 0.1
+    for stats in r.jobs.values():
+        assert stats.completion >= stats.first_start >= stats.arrival
+    assert abs(r.average_jct - r.total_jct / 3) < 1e-9
+
+
+def test_arrivals_delay_starts_and_the_bound():
+    late = [Arrival(1000.0, a.spec) for a in JOBSET3]
+    r = simulate("marble", late)
+    assert min(s.first_start for s in r.jobs.values()) == 1000.0
+    assert abs(r.makespan - 1000.0 - simulate("marble", JOBSET3).makespan) < 1e-6
+    assert r.lower_bound >= 1000.0
+
+
+def test_busy_timeline_never_exceeds_the_gpus():
+    arrivals = poisson(300, 200.0, MIX, (200, 2000), seed=3)
+    r = simulate("marble", arrivals, nodes=3)
+    assert max(busy for _, busy in r.busy_timeline()) <= 18
+    assert r.busy_timeline()[-1][1] == 0
+    assert len(r.jobs) == 300 and all(s.completion > 0 for s in r.jobs.values())
+
+
+def test_same_input_same_schedule():
+    arrivals = poisson(200, 100.0, MIX, (200, 2000), seed=7)
+    a = simulate("marble", arrivals, nodes=2)
+    b = simulate("marble", arrivals, nodes=2)
+    assert a.runs == b.runs
+
+
+def test_marble_beats_rigid_on_a_synthetic_workload():
+    arrivals = poisson(400, 60.0, MIX, (500, 3000), seed=1)
+    marble_r, rigid_r = simulate("marble", arrivals, 2), simulate("rigid", arrivals, 2)
+    assert marble_r.average_jct < rigid_r.average_jct
+
+
+def test_simulate_command_prints_json_and_draws_a_gantt(tmp_path):
+    png = tmp_path / "gantt.png"
+    out = CliRunner().invoke(marble, ["simulate", "--workload", "paper-jobset3", "--json",
+                                      "--gantt", str(png)])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    by_policy = {r["policy"]: r for r in doc["results"]}
+    assert by_policy["marble"]["makespan_s"] < by_policy["rigid"]["makespan_s"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_command_table_and_errors(tmp_path):
+    out = CliRunner().invoke(marble, ["simulate", "--poisson", "50", "--nodes", "2"])
+    assert out.exit_code == 0 and "makespan/LB" in out.output and "lower bound" in out.output
+    out = CliRunner().invoke(marble, ["simulate"])
+    assert out.exit_code == 2 and "--workload FILE or --poisson N" in out.output
+    bad = tmp_path / "t.csv"
+    bad.write_text("arrival,model,steps\n0,resnet-50,0\n")
+    out = CliRunner().invoke(marble, ["simulate", "--workload", str(bad)])
+    assert out.exit_code == 1 and "t.csv:2" in out.output
+
+
+def test_unprofiled_job_is_refused_by_the_simulator():
+    import pytest
+
+    from marbled.core.spec import SpecError
+
+    with pytest.raises(SpecError, match="profiled model"):
+        simulate("marble", [JobSpec(command=("true",), gpus=1)])
