@@ -360,6 +360,27 @@ def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
 
 
 @main.command()
+@click.argument("database", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              required=True, help="The CSV trace to write.")
+def trace(database, output):
+    """Turn a broker's marble.db into a CSV trace for `marble simulate --workload`.
+
+    One row per job with a model and a step count, at its submission time
+    relative to the first; jobs without them cannot be replayed and are counted.
+    """
+    from marbled.sim.workloads import TraceError, trace_from_store, write_trace
+
+    try:
+        arrivals, skipped = trace_from_store(database)
+        write_trace(output, arrivals, comment=f"from {database.name}")
+    except (TraceError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {len(arrivals)} jobs to {output}"
+               + (f" ({skipped} without model or steps left out)" if skipped else ""))
+
+
+@main.command()
 @click.option("--gpus", default=6, show_default=True, help="Emulated GPUs on the node.")
 @click.option("--time-scale", default=0.02, show_default=True,
               help="Real seconds per profiled second.")

@@ -80,3 +80,18 @@ def test_help_teaches(tmp_path):
     assert "Examples:" in run(tmp_path, "--help", module="daemon_cmd").stdout
     out = run(tmp_path, "submit", "--help").stdout
     assert "--gpus" in out and "never suspended" in out
+
+
+def test_trace_of_a_real_broker_replays_in_the_simulator(daemon, tmp_path):
+    """marble trace: the broker's own log becomes a workload for marble simulate."""
+    daemon.submit({"model": "resnet-50", "steps": 200, "emulate": True},
+                  {"model": "vgg-16", "steps": 100, "emulate": True},
+                  {"gpus": 1, "command": ["true"]})
+    daemon.wait_all(timeout=60)
+    csv = tmp_path / "history.csv"
+    out = run(daemon.state_dir, "trace", str(daemon.state_dir / "marble.db"), "-o", str(csv))
+    assert "wrote 2 jobs" in out.stdout and "1 without model or steps" in out.stdout
+    out = run(daemon.state_dir, "simulate", "--workload", str(csv), "--json")
+    results = json.loads(out.stdout)["results"]
+    assert {r["policy"] for r in results} == {"marble", "rigid"}
+    assert all(r["jobs"] == 2 for r in results)
