@@ -183,7 +183,8 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.monitor_interval)
             self.check_acks()
-            if self.config.prestart == "ahead" and not self.draining:
+            if (self.config.prestart == "ahead" and not self.draining
+                    and getattr(self.policy, "promotes_secondaries", False)):
                 for job_id in self.live:
                     job = self.state.jobs[job_id]
                     if job.role is Role.SECONDARY and job.state is JobState.RUNNING:

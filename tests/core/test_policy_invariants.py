@@ -135,12 +135,16 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                         assert role is Role.SECONDARY
                         assert job.malleable, f"rigid job {job.id} started as a secondary"
                         assert len(gpus) < job.demand
+                elif policy == "moldable":
+                    low = 1 if job.malleable else job.demand
+                    assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 else:
                     assert role is Role.PRIMARY
                     want = node.size if job.malleable else job.demand
                     assert len(gpus) == want, f"rigid policy: job {job.id} on {gpus}"
             case Suspend(resume_on=target):
-                assert policy == "marble", "the rigid policy never suspends"
+                assert policy == "marble", f"the {policy} policy never suspends"
                 assert job.malleable, f"rigid job {job.id} suspended"
                 assert job.state is JobState.RUNNING and job.role is Role.SECONDARY
                 assert target is not None and target.node == job.placement.node
@@ -219,6 +223,12 @@ def test_rigid_invariants(scenario, data):
 
 
 # ---------------------------------------------------------------- targeted cases
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios(), data=st.data())
+def test_moldable_invariants(scenario, data):
+    check_outcome(drive("moldable", scenario, data))
 
 
 def test_failed_dependency_cancels_the_chain():

@@ -2,9 +2,14 @@
 
 from marbled.core.policy.base import Policy
 from marbled.core.policy.marble import MarblePolicy
+from marbled.core.policy.moldable import MoldablePolicy
 from marbled.core.policy.rigid import RigidPolicy
 
-POLICIES: dict[str, type] = {"marble": MarblePolicy, "rigid": RigidPolicy}
+POLICIES: dict[str, type] = {
+    "marble": MarblePolicy,
+    "moldable": MoldablePolicy,
+    "rigid": RigidPolicy,
+}
 
 
 def get_policy(name: str) -> Policy:
@@ -14,4 +19,4 @@ def get_policy(name: str) -> Policy:
         raise ValueError(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}") from None
 
 
-__all__ = ["POLICIES", "MarblePolicy", "Policy", "RigidPolicy", "get_policy"]
+__all__ = ["POLICIES", "MarblePolicy", "MoldablePolicy", "Policy", "RigidPolicy", "get_policy"]

@@ -31,6 +31,7 @@ from marbled.core.policy.base import fifo_candidates
 
 class MarblePolicy:
     name = "marble"
+    promotes_secondaries = True  # the daemon may prestart their next runs
 
     def decide(self, state: State) -> list:
         actions: list = []
