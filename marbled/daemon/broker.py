@@ -32,7 +32,7 @@ from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
-from marbled.launch.local import process_start_time
+from marbled.launch.local import find_run_process, process_start_time
 from marbled.store.db import JobRow, RunRow, Store
 from marbled.worker.protocol import (
     ACK_FILE,
@@ -139,9 +139,16 @@ class Broker:
                 placement = Placement(run.node, tuple(int(g) for g in run.gpu_ids.split(",")))
                 self.state.submit(replace(job, state=state, role=Role(run.role),
                                           placement=placement))
-                handle = AdoptedRun(run.pid or 0, run.pid_start)
-                self._record_event("adopted", job.id, run.id, pid=run.pid,
-                                   alive=handle.alive())
+                pid, pid_start = run.pid, run.pid_start
+                if pid is None:  # the broker died before it could record the pid
+                    pid = find_run_process(str(self.job_dir(job.id)), run.id)
+                    pid_start = process_start_time(pid) if pid else None
+                    if pid:
+                        with self.store.tx() as s:
+                            row_run = s.get(RunRow, run.id)
+                            row_run.pid, row_run.pid_start = pid, pid_start
+                handle = AdoptedRun(pid or 0, pid_start)
+                self._record_event("adopted", job.id, run.id, pid=pid, alive=handle.alive())
                 self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0,
                                             reason="broker restart"))
                 continue

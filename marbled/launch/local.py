@@ -9,6 +9,7 @@ training process, which catches it, checkpoints and exits.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass
 
@@ -23,6 +24,45 @@ def process_start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def find_run_process(run_dir: str, run_id: int) -> int | None:
+    """The pid of the process a broker launched for run `run_id` of the job in `run_dir`.
+
+    For a broker that crashed between launching a run and recording its pid: the
+    run's process is the leader of its own session, and its environment (as it
+    was at exec) names the job directory and the run -- or, for a prestarted
+    process, the go file, whose contents name the run.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+            if os.getsid(pid) != pid:
+                continue
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                   if "=" in item)
+        if env.get("MARBLE_RUN_DIR") != run_dir:
+            continue
+        if env.get("MARBLE_RUN_ID") == str(run_id):
+            return pid
+        go = env.get("MARBLE_STANDBY_FILE")
+        if go and _go_run_id(go) == run_id:
+            return pid
+    return None
+
+
+def _go_run_id(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(json.load(f).get("MARBLE_RUN_ID"))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 @dataclass

@@ -182,3 +182,26 @@ def test_suspend_of_rigid_or_queued_job_is_refused(daemon):
         with pytest.raises(ApiError) as err:
             daemon.client.post(f"/v1/jobs/{job_id}/suspend")
         assert err.value.status == 409 and says in str(err.value)
+
+
+def test_broker_killed_before_recording_the_pid_finds_the_process(daemon_factory, tmp_path):
+    """The crash window between launching a run and recording its pid: the next broker
+    finds the run's process by its environment and adopts it instead of starting the
+    job a second time."""
+    import sqlite3
+
+    state = tmp_path / "state"
+    first = daemon_factory(state_dir=state)
+    first.submit({"model": "resnet-50", "steps": 2000, "emulate": True})
+    first.wait_for(lambda: first.jobs()[0]["step"] > 20, what="progress")
+    first.stop(signal.SIGKILL)
+    (pid,) = first.query("SELECT pid FROM runs")[0]
+    with sqlite3.connect(state / "marble.db") as con:  # as if the pid never got written
+        con.execute("UPDATE runs SET pid = NULL, pid_start = NULL")
+    second = daemon_factory(state_dir=state)
+    (adopted,) = second.query("SELECT data FROM events WHERE kind = 'adopted'")
+    assert f'"pid": {pid}' in adopted["data"] and '"alive": true' in adopted["data"]
+    jobs = second.wait_all(timeout=60)
+    assert jobs[0]["state"] == "done"
+    (run,) = second.runs()  # one run: nothing was started twice
+    assert run["pid"] == pid and run["end_step"] == 2000
