@@ -29,7 +29,12 @@ from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="marble",
               show_default=True,
               help="marble: optimal GPU counts + secondaries + promotion (Algorithm 1); "
-                   "rigid: the LSF way, every job on all GPUs of a node, one after another.")
+                   "rigid: the LSF way, every job on all GPUs of a node, one after another; "
+                   "moldable: Equipartition of the free GPUs at start (Fujiwara et al.); "
+                   "timeslice: round robin of time slices when over-subscribed (Gandiva).")
+@click.option("--time-slice", type=click.FloatRange(min=0.01), default=600.0, show_default=True,
+              help="With --policy timeslice: seconds a job runs before it may be suspended "
+                   "for a waiting one.")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Throughput curves: a name in profiles/ or a YAML path.")
 @click.option("--time-scale", type=click.FloatRange(min=1e-4, max=1e4), default=1.0,
@@ -53,7 +58,8 @@ from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
-def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout, kill_timeout,
+def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
+         kill_timeout,
          monitor_interval, prestart, detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
@@ -92,7 +98,7 @@ def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout,
         monitor_interval=monitor_interval, prestart=prestart,
     )
     try:
-        asyncio.run(serve(config, policy, source))
+        asyncio.run(serve(config, policy, source, time_slice))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -71,6 +71,7 @@ class Job:
     placement: Placement | None = None  # GPUs held while running/suspending
     resume_on: Placement | None = None  # GPUs reserved for the resume after a promotion
     suspensions: int = 0
+    run_started: float | None = None  # when its current (or last) run started
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -196,7 +197,8 @@ class State:
             raise TransitionError(f"job {job.id} already exists")
         self._put(job)
 
-    def apply(self, action: Action) -> Job:
+    def apply(self, action: Action, at: float = 0.0) -> Job:
+        """Carry out `action` in the state; `at` is the time (for a Start: the run's start)."""
         job = self.jobs[action.job]
         match action:
             case Start(node=node, gpus=gpus, role=role):
@@ -208,6 +210,7 @@ class State:
                     role=role,
                     placement=Placement(node, tuple(gpus)),
                     resume_on=None,
+                    run_started=at,
                 )
             case Suspend(resume_on=resume_on):
                 if job.state is not JobState.RUNNING:

@@ -174,10 +174,11 @@ class Broker:
 
     async def _reconcile(self) -> None:
         while not self.draining:
-            actions = self.policy.decide(self.state)
+            now = time.time()
+            actions = self.policy.decide(self.state, now)
             if not actions:
                 return
-            applied = [(a, self.state.apply(a)) for a in actions]
+            applied = [(a, self.state.apply(a, now)) for a in actions]
             for action, job in applied:
                 if isinstance(action, Start):
                     await self._launch(job, action)
@@ -190,6 +191,9 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.monitor_interval)
             self.check_acks()
+            due = self.policy.next_decision(self.state, time.time())
+            if due is not None and due <= time.time():
+                self._wake.set()  # a time-driven policy (time slices) wants to decide
             if (self.config.prestart == "ahead" and not self.draining
                     and getattr(self.policy, "promotes_secondaries", False)):
                 for job_id in self.live:

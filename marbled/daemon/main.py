@@ -73,13 +73,14 @@ def prepare_state_dir(state_dir: Path) -> int:
     return fd
 
 
-async def serve(config: BrokerConfig, policy_name: str, gpu_source: str) -> None:
+async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
+                time_slice: float | None = None) -> None:
     lock_fd = prepare_state_dir(config.state_dir)
     store = Store(config.state_dir / DB_NAME)
     store.set_meta(policy=policy_name, profile=config.book.system,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale)
-    broker = Broker(config, store, LocalLauncher(), get_policy(policy_name))
+    broker = Broker(config, store, LocalLauncher(), get_policy(policy_name, time_slice))
     broker.recover()
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []

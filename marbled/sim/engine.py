@@ -176,6 +176,7 @@ class Simulator:
         heap: list[tuple[float, int, int, str]] = []  # (time, version, job, 'done'|'suspended')
         version = 0
         overhead = 0.0
+        pending_tick: float | None = None
         t = 0.0
         next_arrival = 0
 
@@ -195,11 +196,11 @@ class Simulator:
                                  tuple(x for x in a.spec.after if isinstance(x, int))))
                 done[next_arrival] = 0.0
             for _ in range(10_000):
-                actions = self.policy.decide(state)
+                actions = self.policy.decide(state, t)
                 if not actions:
                     break
                 for action in actions:
-                    job = state.apply(action)
+                    job = state.apply(action, t)
                     if isinstance(action, Start):
                         spec = arrivals[job.id - 1].spec
                         rate = self.book.lookup(spec.model).throughput(len(action.gpus))
@@ -226,11 +227,18 @@ class Simulator:
                 raise RuntimeError("the policy keeps acting without any event")
             if not state.unfinished and next_arrival == len(arrivals):
                 break
-            while heap and (heap[0][2] not in live or heap[0][1] != live[heap[0][2]].version):
+            tick = self.policy.next_decision(state, t)
+            if tick is not None and tick > t and tick != pending_tick:
+                heapq.heappush(heap, (tick, -1, 0, "tick"))  # decide again then
+                pending_tick = tick
+            while heap and heap[0][3] != "tick" and (
+                    heap[0][2] not in live or heap[0][1] != live[heap[0][2]].version):
                 heapq.heappop(heap)  # a stale event: the run was suspended or replaced
             arrive_at = arrivals[next_arrival].at if next_arrival < len(arrivals) else math.inf
             if heap and heap[0][0] <= arrive_at:
                 t, _, who, what = heapq.heappop(heap)
+                if what == "tick":
+                    continue
             elif arrive_at < math.inf:
                 t = arrive_at
                 continue

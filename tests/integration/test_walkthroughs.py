@@ -93,3 +93,22 @@ def test_rigid_policy_runs_each_job_on_all_gpus_in_order(daemon_factory):
     assert all(r["gpu_count"] == 6 and r["role"] == "primary" for r in runs)
     for before, after in zip(runs, runs[1:], strict=False):
         assert after["started_at"] >= before["ended_at"]
+
+
+def test_timeslice_policy_takes_turns_through_the_daemon(daemon_factory):
+    """Two AlexNet jobs (optimal on all 6 GPUs) under --policy timeslice with 0.6 s slices:
+    the daemon suspends and resumes them in turn; steps continue across every turn."""
+    daemon = daemon_factory("--policy", "timeslice", "--time-slice", "0.6")
+    daemon.submit({"model": "alexnet", "steps": 3000, "emulate": True},
+                  {"model": "alexnet", "steps": 3000, "emulate": True})
+    jobs = daemon.wait_all(timeout=90)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    runs = daemon.runs()
+    assert [r["job_id"] for r in runs[:4]] == [1, 2, 1, 2]
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert b["started_at"] >= a["ended_at"]  # never both on the 6 GPUs
+    for job in (1, 2):
+        chain = [r for r in runs if r["job_id"] == job]
+        assert chain[-1]["end_step"] == 3000
+        assert all(a["end_step"] == b["start_step"] for a, b in zip(chain, chain[1:],
+                                                                      strict=False))

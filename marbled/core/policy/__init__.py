@@ -4,19 +4,24 @@ from marbled.core.policy.base import Policy
 from marbled.core.policy.marble import MarblePolicy
 from marbled.core.policy.moldable import MoldablePolicy
 from marbled.core.policy.rigid import RigidPolicy
+from marbled.core.policy.timeslice import TimeslicePolicy
 
 POLICIES: dict[str, type] = {
     "marble": MarblePolicy,
     "moldable": MoldablePolicy,
     "rigid": RigidPolicy,
+    "timeslice": TimeslicePolicy,
 }
 
 
-def get_policy(name: str) -> Policy:
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}") from None
+def get_policy(name: str, time_slice: float | None = None) -> Policy:
+    """A policy by name; `time_slice` (seconds) applies to 'timeslice'."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
+    if name == "timeslice" and time_slice is not None:
+        return TimeslicePolicy(time_slice)
+    return POLICIES[name]()
 
 
-__all__ = ["POLICIES", "MarblePolicy", "MoldablePolicy", "Policy", "RigidPolicy", "get_policy"]
+__all__ = ["POLICIES", "MarblePolicy", "MoldablePolicy", "Policy", "RigidPolicy",
+           "TimeslicePolicy", "get_policy"]

@@ -11,8 +11,12 @@ from marbled.core.model import Cancel, Job, JobState, State
 class Policy(Protocol):
     name: str
 
-    def decide(self, state: State) -> list:
-        """The actions to take now. Pure: reads `state`, never changes it."""
+    def decide(self, state: State, now: float = 0.0) -> list:
+        """The actions to take at time `now`. Pure: reads `state`, never changes it."""
+        ...
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        """When the policy wants to decide again with no event (None: only on events)."""
         ...
 
 

@@ -33,7 +33,7 @@ class MarblePolicy:
     name = "marble"
     promotes_secondaries = True  # the daemon may prestart their next runs
 
-    def decide(self, state: State) -> list:
+    def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         # Suspended by an earlier promotion: resume on the GPUs kept for it.
         for job in state.resumable():
@@ -65,3 +65,6 @@ class MarblePolicy:
             gpus, free[node] = free[node][:count], free[node][count:]
             actions.append(Start(job.id, node, tuple(gpus), role))
         return actions
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        return None  # events alone drive this policy

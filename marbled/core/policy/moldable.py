@@ -45,7 +45,7 @@ def dhondt(minimum: list[int], votes: list[int], seats: int) -> list[int]:
 class MoldablePolicy:
     name = "moldable"
 
-    def decide(self, state: State) -> list:
+    def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
         vacant = sum(len(g) for g in free.values())
@@ -79,3 +79,6 @@ class MoldablePolicy:
             role = Role.PRIMARY if share == job.demand else Role.SECONDARY
             actions.append(Start(job.id, node, tuple(gpus), role))
         return actions
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        return None  # events alone drive this policy

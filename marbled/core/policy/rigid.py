@@ -13,7 +13,7 @@ from marbled.core.policy.base import fifo_candidates
 class RigidPolicy:
     name = "rigid"
 
-    def decide(self, state: State) -> list:
+    def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, actions):
@@ -27,3 +27,6 @@ class RigidPolicy:
             else:
                 break  # strict FIFO: the head blocks the queue
         return actions
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        return None  # events alone drive this policy

@@ -1,0 +1,75 @@
+"""Time slicing in the style of Gandiva (Xiao et al., OSDI 2018) for an over-subscribed node.
+
+Every job runs on its demand (the profile's optimal count). When jobs wait and
+no node has room for the next one, running jobs whose run has lasted a full
+slice are suspended -- oldest run first, only as many as the next waiting job
+needs -- and the waiting jobs start, the least recently run first: round robin
+over the queue. A job that never ran goes before every job that has. Rigid jobs
+(explicit GPU count) are never suspended. With no one waiting, nothing is
+suspended: time slicing only pays when the node is over-subscribed.
+
+Gandiva also packs and migrates jobs and grows them when the cluster is idle;
+those are not part of this policy.
+"""
+
+from __future__ import annotations
+
+from marbled.core.model import JobState, Role, Start, State, Suspend
+from marbled.core.policy.base import fifo_candidates
+
+
+class TimeslicePolicy:
+    name = "timeslice"
+
+    def __init__(self, slice_s: float = 600.0):
+        if slice_s <= 0:
+            raise ValueError("the time slice must be positive")
+        self.slice_s = slice_s
+
+    def _queue(self, state: State, actions: list) -> list:
+        """Eligible waiting jobs, those that never ran first, then least recently run."""
+        return sorted(fifo_candidates(state, actions),
+                      key=lambda j: (j.run_started is not None, j.run_started or 0.0, j.id))
+
+    def _expired(self, state: State, now: float) -> list:
+        return sorted(
+            (j for j in state.engaged()
+             if j.state is JobState.RUNNING and j.malleable
+             and (j.run_started or 0.0) + self.slice_s <= now),
+            key=lambda j: (j.run_started or 0.0, j.id))
+
+    def decide(self, state: State, now: float = 0.0) -> list:
+        actions: list = []
+        free = {n: state.free(n) for n in state.nodes}
+        queue = self._queue(state, actions)
+        head = None
+        for job in queue:
+            fits = [n for n in free if len(free[n]) >= job.demand]
+            if not fits:
+                head = job
+                break
+            gpus, free[fits[0]] = free[fits[0]][: job.demand], free[fits[0]][job.demand:]
+            actions.append(Start(job.id, fits[0], tuple(gpus), Role.PRIMARY))
+        if head is None:
+            return actions
+        # Someone waits: make room for the next in line from runs whose slice is over.
+        expired = self._expired(state, now)
+        for node in state.nodes:
+            room, chosen = len(free[node]), []
+            for job in (j for j in expired if j.placement.node == node):
+                if room >= head.demand:
+                    break
+                chosen.append(job)
+                room += len(job.gpus)
+            if room >= head.demand and chosen:
+                actions += [Suspend(j.id, None, "time slice") for j in chosen]
+                break
+        return actions
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        """The end of the next slice, while anyone waits."""
+        if next(state.waiting(), None) is None:
+            return None
+        ends = [(j.run_started or 0.0) + self.slice_s for j in state.engaged()
+                if j.state is JobState.RUNNING and j.malleable]
+        return min(ends, default=None)
