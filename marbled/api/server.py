@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import struct
 from collections.abc import Callable
 
 from aiohttp import web
@@ -33,6 +36,25 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
     if field:
         body["field"] = field
     return web.json_response(body, status=status)
+
+
+def peer_uid(request: web.Request) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+@web.middleware
+async def same_user_only(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Only the user who started the broker may talk to it (the socket is 0600 as well)."""
+    uid = peer_uid(request)
+    if uid is not None and uid != os.geteuid():
+        return _error(403, f"uid {uid} may not use this broker: it belongs to uid "
+                           f"{os.geteuid()}, who started it")
+    return await handler(request)
 
 
 @web.middleware
@@ -67,7 +89,7 @@ def _job_id(request: web.Request) -> int:
 
 
 def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[errors_as_json])
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[same_user_only, errors_as_json])
     routes = web.RouteTableDef()
 
     @routes.get("/v1/status")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,38 @@ def test_cli_reports_bad_input_and_what_to_change(busy_daemon, tmp_path):
     assert out.returncode == 1 and f"{bad}:3: job 2: stepz" in out.stderr
     out = _marble(busy_daemon, "show", "77")
     assert out.returncode == 1 and "no job 77" in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_is_refused_even_through_an_open_socket(daemon_factory):
+    """SO_PEERCRED: even if someone loosens the socket's mode, another uid gets a 403."""
+    import shutil
+    import socket as so
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="marble-peer-")  # a path the other user can walk
+    os.chmod(top, 0o755)
+    daemon = daemon_factory(state_dir=Path(top) / "state")
+    sock = socket_path(daemon.state_dir)
+    os.chmod(daemon.state_dir, 0o755)
+    os.chmod(sock, 0o666)
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: a forked child that gives up root
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            s = so.socket(so.AF_UNIX)
+            s.connect(str(sock))
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            os.write(write_end, s.recv(4096))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    answer = os.read(read_end, 4096).decode()
+    os.waitpid(child, 0)
+    assert " 403 " in answer.splitlines()[0] and "may not use this broker" in answer, answer
+    assert daemon.client.get("/v1/status")["pid"] == daemon.proc.pid  # the owner still may
+    daemon.stop()
+    shutil.rmtree(top, ignore_errors=True)
