@@ -8,6 +8,7 @@
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
   GET  /v1/runs                every launch segment (the schedule)
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
+  GET  /v1/openapi.json        this API as OpenAPI 3.1
 
 Every error is a 4xx with {"error": "...", "field": "..."} saying what to fix.
 """
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from marbled.api.openapi import SPEC
 from marbled.core.model import JobState
 from marbled.core.spec import JobSpec, SpecError
 from marbled.daemon.broker import Broker, Refused
@@ -157,6 +159,10 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Applicatio
     async def runs(request: web.Request) -> web.Response:
         return web.json_response({"runs": [_run_view(r) for r in broker.store.runs()],
                                   "started_at": broker.started_at})
+
+    @routes.get("/v1/openapi.json")
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(SPEC)
 
     @routes.post("/v1/shutdown")
     async def shutdown(request: web.Request) -> web.Response:

@@ -84,3 +84,17 @@ def test_paths_never_answer_5xx(fuzz_daemon, method, path, arg):
         return  # do not cancel or suspend the holder job
     body = b"{}" if method in ("POST", "PUT") else None
     assert request(fuzz_daemon, method, path.format(arg), body) < 500
+
+
+def test_openapi_describes_exactly_the_served_routes(fuzz_daemon):
+    from marbled.api.server import build_app
+    from marbled.core.spec import JobSpec
+
+    spec = fuzz_daemon.client.get("/v1/openapi.json")
+    assert spec["openapi"].startswith("3.")
+    described = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
+    app = build_app(broker=None, on_shutdown=lambda: None)
+    served = {(r.resource.canonical, r.method) for r in app.router.routes()
+              if r.method != "HEAD"}
+    assert described == served
+    assert set(spec["components"]["schemas"]["Job"]["properties"]) == set(JobSpec.FIELDS)
