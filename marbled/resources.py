@@ -40,10 +40,31 @@ def find_profile(name_or_path: str) -> Path:
 @lru_cache(maxsize=16)
 def _load_profile_file(path: Path, mtime: float) -> ProfileBook:
     try:
-        doc = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from None
-    return ProfileBook.from_mapping(doc, source=str(path))
+    try:
+        return ProfileBook.from_mapping(doc, source=str(path))
+    except ProfileError as exc:
+        line = _line_of(yaml.compose(text), exc.where)
+        if line is None:
+            raise
+        raise ProfileError(str(exc).replace(f"{path}: ", f"{path}:{line}: ", 1),
+                           exc.where) from None
+
+
+def _line_of(node: yaml.Node | None, where: str | None) -> int | None:
+    """The line (from 1) of the deepest mapping key on the dotted path `where`."""
+    line = None
+    for key in (where or "").split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if k.value == key), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 def load_profile(name_or_path: str = DEFAULT_PROFILE) -> ProfileBook:

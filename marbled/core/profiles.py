@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 
 class ProfileError(ValueError):
-    """A profile document that cannot be used; the message names the place."""
+    """A profile document that cannot be used; the message names the place.
+
+    `where` is the dotted path of the field at fault (e.g. 'models.vgg-16.aliases'),
+    so that a file reader can add the line it stands on.
+    """
+
+    def __init__(self, message: str, where: str | None = None):
+        super().__init__(message)
+        self.where = where
 
 
 def model_key(name: str) -> str:
@@ -67,7 +75,7 @@ class ProfileBook:
         """Build a book from a parsed profile document, naming the bad field on error."""
 
         def fail(where: str, what: str) -> ProfileError:
-            return ProfileError(f"{source}: {where}: {what}")
+            return ProfileError(f"{source}: {where}: {what}", where)
 
         if not isinstance(doc, Mapping):
             raise fail("top level", "expected a mapping with 'system' and 'models'")

@@ -210,3 +210,15 @@ def test_other_bad_fields_are_named(changes, field):
 def test_non_mapping_document_is_rejected():
     with pytest.raises(ProfileError, match="top level"):
         ProfileBook.from_mapping(["not", "a", "mapping"])
+
+
+def test_profile_file_errors_name_file_line_and_field(tmp_path):
+    from marbled.resources import load_profile as load
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("system: x\ngpus_per_node: 6\nmodels:\n  resnet-50:\n"
+                   "    steps_per_second: [1.0, 2.0]\n  vgg-16:\n"
+                   "    steps_per_second: [1.0, -2.0]\n")
+    with pytest.raises(ProfileError) as err:
+        load(str(bad))
+    assert f"{bad}:7: models.vgg-16.steps_per_second" in str(err.value)
