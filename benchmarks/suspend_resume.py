@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from marbled.cli.client import BrokerClient
-from marbled.daemon.main import DB_NAME, socket_path
 from marbled.demo import start_broker
+from marbled.paths import DB_NAME, socket_path
 from marbled.resources import PROJECT_ROOT
 from marbled.worker.protocol import PROGRESS_FILE, read_json
 

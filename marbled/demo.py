@@ -19,8 +19,8 @@ from pathlib import Path
 from marbled.cli.client import BrokerClient, wait_until_serving
 from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.policy import get_policy
-from marbled.daemon.main import socket_path
-from marbled.resources import PROJECT_ROOT, load_job_file, load_profile
+from marbled.paths import socket_path
+from marbled.resources import load_job_file, load_profile, workload_path
 from marbled.sim.engine import Simulator
 
 # Table II and Section VII-B1 of the paper: total time of each job set in seconds.
@@ -29,14 +29,6 @@ PAPER_SECONDS = {
     "paper-jobset2": {"rigid": 940, "marble": 608},
     "paper-jobset3": {"rigid": 707, "marble": 501},
 }
-
-
-def jobset_path(name: str) -> Path:
-    """A workload file, or the name of one in workloads/ (e.g. paper-jobset3)."""
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml", ".csv") or path.exists():
-        return path
-    return PROJECT_ROOT / "workloads" / f"{name}.yaml"
 
 
 def start_broker(state_dir: Path, policy: str, gpus: int, time_scale: float,
@@ -62,7 +54,7 @@ def total_seconds(runs: list[dict], scale: float) -> float:
 def compare_policies(jobset: str = "paper-jobset1", gpus: int = 6, time_scale: float = 0.02,
                      progress: bool = False) -> dict:
     """Run `jobset` through a `marble` and a `rigid` broker at once; return both schedules."""
-    path = jobset_path(jobset)
+    path = workload_path(jobset)
     specs = load_job_file(path)
     book = load_profile()
     out = {"jobset": path.stem, "gpus": gpus, "time_scale": time_scale, "policies": {}}
@@ -117,7 +109,7 @@ def compare_policies(jobset: str = "paper-jobset1", gpus: int = 6, time_scale: f
 def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobset1",
              as_json: bool = False) -> int:
     if not as_json:
-        print(f"Job set {jobset_path(jobset).stem} on {gpus} emulated GPUs, emulated jobs, "
+        print(f"Job set {workload_path(jobset).stem} on {gpus} emulated GPUs, emulated jobs, "
               f"time scale {time_scale} (1 profiled second = {time_scale} s real)")
     out = compare_policies(jobset, gpus, time_scale, progress=not as_json)
     m, r = out["policies"]["marble"], out["policies"]["rigid"]

@@ -72,6 +72,14 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> ProfileBook:
     return _load_profile_file(path, path.stat().st_mtime)
 
 
+def workload_path(name: str) -> Path:
+    """A workload file, or the name of one in workloads/ (e.g. paper-jobset3)."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml", ".csv") or path.exists():
+        return path
+    return PROJECT_ROOT / "workloads" / f"{name}.yaml"
+
+
 class JobFileError(ValueError):
     """A job-set file that cannot be submitted; the message names file, line and field."""
 

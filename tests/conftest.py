@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from marbled.cli.client import BrokerClient, wait_until_serving
-from marbled.daemon.main import DB_NAME, socket_path
+from marbled.paths import DB_NAME, socket_path
 
 FINAL = {"done", "failed", "cancelled"}
 

@@ -14,9 +14,14 @@ from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.core.spec import JobSpec, SpecError
-from marbled.daemon.main import default_state_dir, socket_path
-from marbled.demo import jobset_path
-from marbled.resources import DEFAULT_PROFILE, JobFileError, load_job_file, load_profile
+from marbled.paths import default_state_dir, socket_path
+from marbled.resources import (
+    DEFAULT_PROFILE,
+    JobFileError,
+    load_job_file,
+    load_profile,
+    workload_path,
+)
 
 FINAL = {"done", "failed", "cancelled"}
 
@@ -334,7 +339,7 @@ def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
         book = load_profile(profile)
         per_node = gpus or book.gpus_per_node
         if workload is not None:
-            path = jobset_path(str(workload))
+            path = workload_path(str(workload))
             arrivals = read_trace(path) if path.suffix == ".csv" else from_job_file(path)
         else:
             mix = {m: 1.0 for m in ("resnet-50", "inception-v3", "resnet-101", "vgg-16")}

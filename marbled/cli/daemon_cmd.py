@@ -15,7 +15,8 @@ from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.broker import BrokerConfig
 from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
-from marbled.daemon.main import StartupError, default_state_dir, local_node_name, serve, socket_path
+from marbled.daemon.main import StartupError, local_node_name, serve
+from marbled.paths import default_state_dir, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
 

@@ -32,7 +32,7 @@ from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
-from marbled.launch.local import find_run_process, process_start_time
+from marbled.launch.local import find_run_process, process_start_time, signal_group
 from marbled.store.db import JobRow, RunRow, Store
 from marbled.worker.protocol import (
     ACK_FILE,
@@ -154,8 +154,7 @@ class Broker:
                 continue
             if state.holds_gpus:
                 state = JobState.SUSPENDED
-            self.state.submit(Job(job.id, job.demand, job.malleable, job.after, state,
-                                  suspensions=job.suspensions))
+            self.state.submit(replace(job, state=state))
         self._wake.set()
 
     # ------------------------------------------------------------ the loop
@@ -272,8 +271,7 @@ class Broker:
         if not job.malleable:
             raise Refused(f"job {job_id} has a fixed GPU count and cannot checkpoint; "
                           "cancel it instead", 409)
-        self.state.apply(Suspend(job_id, None, "requested by the user"))
-        self._suspend(self.state.jobs[job_id], "requested by the user")
+        self._suspend_now(job_id, "requested by the user")
 
     def cancel(self, job_id: int) -> None:
         job = self.state.jobs.get(job_id)
@@ -300,8 +298,7 @@ class Broker:
                 self._drop_standby(job_id)
             for job in list(self.state.jobs.values()):
                 if job.state is JobState.RUNNING and job.id in self.live:
-                    self.state.apply(Suspend(job.id, None, reason))
-                    self._suspend(job, reason)
+                    self._suspend_now(job.id, reason)
                 elif job.state is JobState.SUSPENDING and job.resume_on is not None:
                     # A promotion under way: keep the suspension, forget the reservation.
                     self.state.drop_reservation(job.id)
@@ -356,8 +353,7 @@ class Broker:
             live.cancel = True
             self._stop(job.id, live, "cancelled by the user")
         elif self.draining:
-            self.state.apply(Suspend(job.id, None, "shutdown"))
-            self._suspend(self.state.jobs[job.id], "shutdown")
+            self._suspend_now(job.id, "shutdown")
 
     def _request(self, job_id: int, node: str, devices: tuple[str, ...],
                  run_env: dict[str, str]) -> LaunchRequest:
@@ -434,6 +430,10 @@ class Broker:
             self._on_exit(job_id, live, code)
 
         self._spawn(wait_exit())
+
+    def _suspend_now(self, job_id: int, reason: str) -> None:
+        """Suspend a running job outside the policy (user, drain); it will wait in the FIFO."""
+        self._suspend(self.state.apply(Suspend(job_id, None, reason)), reason)
 
     def _suspend(self, job: Job, reason: str) -> None:
         live = self.live[job.id]
@@ -538,8 +538,6 @@ class Broker:
             outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
         else:
             outcome, why = JobState.FAILED, f"exited with {_describe_exit(code)}"
-        run_reason = {JobState.DONE: "done", JobState.SUSPENDED: "suspended",
-                      JobState.FAILED: "failed", JobState.CANCELLED: "cancelled"}[outcome]
         if outcome is JobState.DONE and end_step is None:
             end_step = spec.steps
         if outcome is JobState.SUSPENDED and not ack:
@@ -547,7 +545,7 @@ class Broker:
             # unknown (progress reports lag); the next run reports where it resumed.
             why = f"{why} (last reported step {end_step})"
             end_step = None
-        self._end_run(job_id, live.run_id, exit_code=code, reason=run_reason, detail=why,
+        self._end_run(job_id, live.run_id, exit_code=code, reason=outcome.value, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
                       outcome=outcome, phases=progress.get("phases"))
         if outcome is JobState.SUSPENDED:
@@ -655,13 +653,7 @@ class AdoptedRun:
         return None  # the exit code of a process that is not our child is not ours to know
 
     def signal(self, sig: int) -> bool:
-        if not self.alive():
-            return False
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return self.alive() and signal_group(self.pid, sig)
 
 
 def _spec_doc(row: JobRow) -> dict:

@@ -17,36 +17,16 @@ from marbled.api.server import build_app
 from marbled.core.policy import get_policy
 from marbled.daemon.broker import Broker, BrokerConfig
 from marbled.launch.local import LocalLauncher
+from marbled.paths import DB_NAME, socket_path
 from marbled.store.db import Store
 
 log = logging.getLogger("marbled")
 
-SOCKET_NAME = "marbled.sock"
-DB_NAME = "marble.db"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the trailing NUL
 
 
 class StartupError(RuntimeError):
     pass
-
-
-def allocation_id() -> str:
-    for var in ("SLURM_JOB_ID", "LSB_JOBID"):
-        if os.environ.get(var):
-            return os.environ[var]
-    return "local"
-
-
-def default_state_dir() -> Path:
-    """MARBLE_STATE_DIR, else one directory per allocation under the XDG state home."""
-    if os.environ.get("MARBLE_STATE_DIR"):
-        return Path(os.environ["MARBLE_STATE_DIR"])
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "marble" / allocation_id()
-
-
-def socket_path(state_dir: Path) -> Path:
-    return Path(state_dir) / SOCKET_NAME
 
 
 def prepare_state_dir(state_dir: Path) -> int:

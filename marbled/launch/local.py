@@ -26,6 +26,15 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a run's process group; False if the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def find_run_process(run_dir: str, run_id: int) -> int | None:
     """The pid of the process a broker launched for run `run_id` of the job in `run_dir`.
 
@@ -75,11 +84,7 @@ class LocalRun:
         return await self.process.wait()
 
     def signal(self, sig: int) -> bool:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return signal_group(self.pid, sig)
 
 
 class LocalLauncher:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from marbled.core.model import (
     State,
     Suspend,
 )
-from marbled.core.policy import get_policy
+from marbled.core.policy import POLICIES, get_policy
 from marbled.core.policy.base import dependency_status
 
 MAX_ITERATIONS = 500
@@ -216,31 +217,14 @@ def check_outcome(state: State) -> None:
             )
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 @settings(max_examples=200, deadline=None)
 @given(scenario=scenarios(), data=st.data())
-def test_marble_invariants(scenario, data):
-    check_outcome(drive("marble", scenario, data))
-
-
-@settings(max_examples=200, deadline=None)
-@given(scenario=scenarios(), data=st.data())
-def test_rigid_invariants(scenario, data):
-    check_outcome(drive("rigid", scenario, data))
+def test_policy_invariants(policy, scenario, data):
+    check_outcome(drive(policy, scenario, data))
 
 
 # ---------------------------------------------------------------- targeted cases
-
-
-@settings(max_examples=200, deadline=None)
-@given(scenario=scenarios(), data=st.data())
-def test_timeslice_invariants(scenario, data):
-    check_outcome(drive("timeslice", scenario, data))
-
-
-@settings(max_examples=200, deadline=None)
-@given(scenario=scenarios(), data=st.data())
-def test_moldable_invariants(scenario, data):
-    check_outcome(drive("moldable", scenario, data))
 
 
 def test_failed_dependency_cancels_the_chain():

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marbled.cli.client import _UnixConnection
-from marbled.daemon.main import socket_path
+from marbled.paths import socket_path
 
 pytestmark = pytest.mark.daemon
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from marbled.cli.client import _UnixConnection
-from marbled.daemon.main import socket_path
+from marbled.paths import socket_path
 
 pytestmark = pytest.mark.daemon
 

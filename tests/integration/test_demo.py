@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from marbled.core.policy import get_policy
-from marbled.demo import compare_policies, jobset_path
-from marbled.resources import load_profile
+from marbled.demo import compare_policies
+from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
 from marbled.sim.workloads import from_job_file
 
@@ -35,7 +35,7 @@ def test_simulator_predicts_the_daemons_schedule():
     """Same policy code, two drivers: the daemon's runs (real processes, real clock) and the
     simulator's (virtual clock) have the same jobs, roles, GPU counts and endings."""
     out = compare_policies("paper-jobset2", gpus=6, time_scale=0.01)
-    arrivals = from_job_file(jobset_path("paper-jobset2"))
+    arrivals = from_job_file(workload_path("paper-jobset2"))
     for policy in ("marble", "rigid"):
         sim = Simulator(load_profile(), get_policy(policy), 6).run(arrivals)
         predicted = [{"job": r.job, "role": r.role.value, "gpus": r.gpus, "why": r.reason}

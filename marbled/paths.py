@@ -1,0 +1,28 @@
+"""Where a broker keeps its files. Standard library only: every `marble` command reads it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SOCKET_NAME = "marbled.sock"
+DB_NAME = "marble.db"
+
+
+def allocation_id() -> str:
+    for var in ("SLURM_JOB_ID", "LSB_JOBID"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return "local"
+
+
+def default_state_dir() -> Path:
+    """MARBLE_STATE_DIR, else one directory per allocation under the XDG state home."""
+    if os.environ.get("MARBLE_STATE_DIR"):
+        return Path(os.environ["MARBLE_STATE_DIR"])
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "marble" / allocation_id()
+
+
+def socket_path(state_dir: Path) -> Path:
+    return Path(state_dir) / SOCKET_NAME
