@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 1.
+-- marbled state database (marble.db in the broker's state directory), schema version 2.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -32,6 +32,7 @@ CREATE TABLE runs (
 	job_id INTEGER NOT NULL,
 	node VARCHAR(128) NOT NULL,
 	gpu_ids VARCHAR NOT NULL,       -- GPU slots of the node, e.g. '0,1,2'
+	devices VARCHAR,                -- GPUs the run really got, as the batch system reported
 	gpu_count INTEGER NOT NULL,
 	role VARCHAR(16) NOT NULL,      -- primary | secondary
 	started_at FLOAT NOT NULL,

@@ -72,11 +72,13 @@ class Daemon:
         return self.proc.wait(timeout=timeout)
 
 
-def start_daemon(state_dir: Path, *args: str, gpus: int = 6, time_scale: float = 0.01,
+def start_daemon(state_dir: Path, *args: str, gpus: int | None = 6, time_scale: float = 0.01,
                  env: dict | None = None) -> Daemon:
+    """A marbled on `gpus` emulated GPUs; with gpus=None, on what its launcher finds."""
     state_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir", str(state_dir),
-            "--gpus", str(gpus), "--time-scale", str(time_scale), "--monitor-interval", "0.1",
+            *(["--gpus", str(gpus)] if gpus else []),
+            "--time-scale", str(time_scale), "--monitor-interval", "0.1",
             "--log-level", "debug", *args]
     log = open(state_dir / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -177,6 +177,7 @@ def _run_view(r) -> dict:
     return {
         "id": r.id, "job_id": r.job_id, "node": r.node,
         "gpus": [int(g) for g in r.gpu_ids.split(",")] if r.gpu_ids else [],
+        "devices": r.devices.split(",") if r.devices else None,
         "role": r.role, "started_at": r.started_at, "ended_at": r.ended_at,
         "start_step": r.start_step, "end_step": r.end_step, "exit_code": r.exit_code,
         "end_reason": r.end_reason, "pid": r.pid,

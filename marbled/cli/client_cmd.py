@@ -52,7 +52,7 @@ def main(ctx: click.Context, state_dir: Path | None) -> None:
     """Client of the marbled broker.
 
     \b
-    A typical batch script:
+    A typical batch script (jobscripts/marble.sbatch is a complete one):
       marbled --detach
       marble submit --model resnet-50 --steps 800 -- python train.py
       marble submit --file jobs.yaml
@@ -191,6 +191,30 @@ def suspend(ctx, job_ids):
     for job_id in job_ids:
         _call(_client(ctx).post, f"/v1/jobs/{job_id}/suspend")
         click.echo(f"suspend requested for job {job_id}")
+
+
+@main.command()
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Give up after this many seconds.")
+@click.pass_context
+def ready(ctx, timeout):
+    """Wait until a broker answers on the state directory (after 'marbled &' in a script).
+
+    Exit status: 0 once it answers, 1 if none does within --timeout.
+    """
+    client = _client(ctx)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status = client.get("/v1/status")
+            break
+        except (BrokerUnreachable, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"no broker answered within {timeout:g} s: {exc}") \
+                    from None
+            time.sleep(0.1)
+    nodes = ", ".join(f"{n}: {len(v['gpus'])} GPUs" for n, v in status["nodes"].items())
+    click.echo(f"marbled {status['pid']} ready ({nodes})")
 
 
 @main.command()

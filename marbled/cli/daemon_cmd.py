@@ -5,19 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from marbled.allocation import AllocationError, slurm_allocation
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.broker import BrokerConfig
 from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
 from marbled.daemon.main import StartupError, local_node_name, serve
+from marbled.launch.slurm import SlurmLauncher
 from marbled.paths import default_state_dir, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
+
+EX_TEMPFAIL = 75  # sysexits.h: try again later -- here, in the next allocation
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,13 +61,24 @@ from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
                    "framework import is done by then: 'ahead' keeps one waiting for each "
                    "running secondary (the jobs MARBLE promotes), 'suspend' starts it at "
                    "the suspension. Only for jobs that call JobProtocol.ready().")
+@click.option("--launcher", type=click.Choice(["auto", "local", "slurm"]), default="auto",
+              show_default=True,
+              help="How runs start: 'slurm' as job steps (srun) on the allocation's nodes and "
+                   "GPUs, 'local' as processes here. auto: slurm inside a Slurm allocation "
+                   "(unless --gpus), else local.")
+@click.option("--drain-before", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Under Slurm: seconds before the allocation's end at which every job is "
+                   "suspended to its checkpoint and the broker stops.")
+@click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG",
+              help="Extra srun option for every job step (repeatable), e.g. "
+                   "--srun-arg=--mem-per-gpu=16G.")
 @click.option("--detach", is_flag=True,
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
 def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
          kill_timeout,
-         monitor_interval, prestart, detach, log_level):
+         monitor_interval, prestart, launcher, drain_before, srun_args, detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -75,15 +92,34 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
       marbled --gpus 6 --time-scale 0.02    # 6 emulated GPUs, emulated jobs 50x faster
       marbled --policy rigid --gpus 6       # the LSF baseline, for comparison
 
-    SIGTERM or 'marble shutdown' suspends every running job to its checkpoint
-    and stops; a new marbled on the same state directory carries on.
+    SIGTERM, SIGUSR2 (the allocation's end warning), 'marble shutdown' or the
+    allocation's end time minus --drain-before suspends every running job to
+    its checkpoint and stops; a new marbled on the same state directory, in
+    this allocation or a later one, carries on.
+
+    Exit status: 0 when no job is left, 75 when jobs are left for the next
+    broker (the allocation ended or it was shut down), 1 on a start-up error.
     """
     state_dir = (state_dir or default_state_dir()).absolute()
+    if launcher == "auto":
+        launcher = ("slurm" if emulated_gpus is None and os.environ.get("SLURM_JOB_ID")
+                    and shutil.which("srun") else "local")
     try:
-        devices, source = discover_gpus(emulated_gpus)
         profile_path = find_profile(profile)
         book = load_profile(str(profile_path))
-    except (GpuDiscoveryError, ProfileError) as exc:
+        if launcher == "slurm":
+            if emulated_gpus is not None:
+                raise GpuDiscoveryError("--gpus (emulated GPUs) needs --launcher local")
+            allocation = slurm_allocation()
+            nodes = {n: d for n, d in allocation.nodes.items() if d}
+            if not nodes:
+                raise GpuDiscoveryError(f"Slurm job {allocation.job_id} has no GPUs; "
+                                        "ask for them with --gres=gpu:N or --gpus-per-node=N")
+            source = f"Slurm job {allocation.job_id}"
+        else:
+            devices, source = discover_gpus(emulated_gpus)
+            nodes = {local_node_name(): devices}
+    except (GpuDiscoveryError, ProfileError, AllocationError) as exc:
         raise click.ClickException(str(exc)) from None
     if detach:
         _detach(state_dir)
@@ -93,15 +129,30 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
     if os.geteuid() == 0:
         logging.getLogger("marbled").warning("running as root: jobs will run as root too")
     config = BrokerConfig(
-        state_dir=state_dir, nodes={local_node_name(): devices}, book=book,
+        state_dir=state_dir, nodes=nodes, book=book,
         profile_ref=str(profile_path.absolute()), time_scale=time_scale,
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
-        monitor_interval=monitor_interval, prestart=prestart,
+        monitor_interval=monitor_interval, prestart=prestart, broker_node=local_node_name(),
     )
+    runner = None
+    if launcher == "slurm":
+        # A step's GPUs are fixed when it starts, so a prestarted process could not take
+        # over the next run's GPUs: under Slurm every run starts when its GPUs are free.
+        config = replace(config, prestart="off", end_time=allocation.end_time,
+                         drain_before=drain_before,
+                         broker_node=os.environ.get("SLURMD_NODENAME"))
+        runner = SlurmLauncher(allocation, tuple(srun_args))
+        for node, devices in nodes.items():
+            if allocation.cpus.get(node, 0) < len(devices):
+                logging.getLogger("marbled").warning(
+                    "node %s: %d CPUs for %d GPUs; steps need one CPU per GPU to run side by "
+                    "side (ask for more with --cpus-per-task)", node,
+                    allocation.cpus.get(node, 0), len(devices))
     try:
-        asyncio.run(serve(config, policy, source, time_slice))
+        left = asyncio.run(serve(config, policy, source, time_slice, runner))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None
+    sys.exit(EX_TEMPFAIL if left else 0)
 
 
 def _detach(state_dir: Path) -> None:

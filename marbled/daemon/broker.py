@@ -32,12 +32,13 @@ from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
-from marbled.launch.local import find_run_process, process_start_time, signal_group
+from marbled.launch.local import find_run_process, process_start_time
 from marbled.store.db import JobRow, RunRow, Store
 from marbled.worker.protocol import (
     ACK_FILE,
     GO_FILE,
     PROGRESS_FILE,
+    SUSPEND_FILE,
     atomic_write_json,
     read_json,
 )
@@ -69,6 +70,12 @@ class BrokerConfig:
     # suspends) and starts one at any other suspension; "suspend" only at a
     # suspension; "off" never.
     prestart: str = "ahead"
+    # The node the broker runs on: jobs there may also acknowledge with SIGUSR1; jobs on
+    # other nodes only through their marker file on the shared state directory.
+    broker_node: str | None = None
+    # When the allocation ends (Unix time), and how long before it every job is suspended.
+    end_time: float | None = None
+    drain_before: float = 120.0
 
 
 @dataclass
@@ -107,6 +114,7 @@ class Broker:
         self.names: dict[str, int] = {}
         self.live: dict[int, LiveRun] = {}
         self.draining = False
+        self._end_reached = False
         self.started_at = time.time()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
@@ -133,8 +141,8 @@ class Broker:
             job = Job(row.id, row.demand, row.malleable, tuple(row.after),
                       suspensions=row.suspensions)
             run = open_runs.get(row.id)
-            if state.holds_gpus and run is not None:
-                # Adopt the run: if its process still lives it is watched through /proc,
+            if state.holds_gpus and run is not None and run.node in self.config.nodes:
+                # Adopt the run: if its process still lives it is watched,
                 # if it ended while no broker watched, its exit is handled right away.
                 placement = Placement(run.node, tuple(int(g) for g in run.gpu_ids.split(",")))
                 self.state.submit(replace(job, state=state, role=Role(run.role),
@@ -147,11 +155,16 @@ class Broker:
                         with self.store.tx() as s:
                             row_run = s.get(RunRow, run.id)
                             row_run.pid, row_run.pid_start = pid, pid_start
-                handle = AdoptedRun(pid or 0, pid_start)
-                self._record_event("adopted", job.id, run.id, pid=pid, alive=handle.alive())
+                handle = self.launcher.adopt(pid or 0, pid_start, self.job_dir(job.id), run.id)
+                self._record_event("adopted", job.id, run.id, pid=pid, alive=handle.signal(0))
                 self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0,
                                             reason="broker restart"))
                 continue
+            if run is not None:
+                # Its node is not ours any more: the allocation it ran in has ended.
+                self._end_run(job.id, run.id, exit_code=None, reason=JobState.SUSPENDED.value,
+                              detail=f"node {run.node} left with its allocation before the run "
+                                     "was suspended; resumes from its last checkpoint")
             if state.holds_gpus:
                 state = JobState.SUSPENDED
             self.state.submit(replace(job, state=state))
@@ -193,6 +206,11 @@ class Broker:
             due = self.policy.next_decision(self.state, time.time())
             if due is not None and due <= time.time():
                 self._wake.set()  # a time-driven policy (time slices) wants to decide
+            end = self.config.end_time
+            if (end is not None and not self._end_reached
+                    and time.time() >= end - self.config.drain_before):
+                self._end_reached = True
+                self._spawn(self.drain(f"the allocation ends at {time.ctime(end)}"))
             if (self.config.prestart == "ahead" and not self.draining
                     and getattr(self.policy, "promotes_secondaries", False)):
                 for job_id in self.live:
@@ -310,7 +328,7 @@ class Broker:
     async def _launch(self, job: Job, action: Start) -> None:
         jdir = self.job_dir(job.id)
         (jdir / "checkpoint").mkdir(parents=True, exist_ok=True)
-        for stale in (ACK_FILE, PROGRESS_FILE):
+        for stale in (ACK_FILE, PROGRESS_FILE, SUSPEND_FILE):
             (jdir / stale).unlink(missing_ok=True)
         now = time.time()
         with self.store.tx() as s:
@@ -342,11 +360,16 @@ class Broker:
                               detail=f"could not start {request.argv[0]!r}: {exc.strerror or exc}")
                 self.state.finished(job.id, JobState.FAILED)
                 return
+        placed_by_launcher = hasattr(handle, "placement")  # the batch system picks the GPUs
         with self.store.tx() as s:
             r = s.get(RunRow, run_id)
             r.pid, r.pid_start = handle.pid, handle.pid_start
+            if not placed_by_launcher:
+                r.devices = ",".join(devices)
         live = LiveRun(run_id, handle, start_step)
         self._watch(job.id, live)
+        if placed_by_launcher:
+            self._spawn(self._record_placement(job.id, run_id, handle))
         # A cancel or a drain that came while the process was being started.
         if job.id in self._cancel_pending:
             self._cancel_pending.discard(job.id)
@@ -354,6 +377,16 @@ class Broker:
             self._stop(job.id, live, "cancelled by the user")
         elif self.draining:
             self._suspend_now(job.id, "shutdown")
+
+    async def _record_placement(self, job_id: int, run_id: int, handle) -> None:
+        """Record where the batch system really put a run (which GPUs, which step)."""
+        info = await handle.placement()
+        if info:
+            with self.store.tx() as s:
+                s.get(RunRow, run_id).devices = info.get("gpus")
+                self.store.log(s, "placed", job_id, run_id, node=info.get("node"),
+                               devices=info.get("gpus"), step=info.get("step_id"),
+                               host=info.get("host"))
 
     def _request(self, job_id: int, node: str, devices: tuple[str, ...],
                  run_env: dict[str, str]) -> LaunchRequest:
@@ -363,9 +396,10 @@ class Broker:
             "MARBLE_JOB_ID": str(job_id),
             "MARBLE_RUN_DIR": str(jdir),
             "MARBLE_CHECKPOINT_DIR": str(jdir / "checkpoint"),
-            "MARBLE_BROKER_PID": str(os.getpid()),
             **run_env,
         }
+        if node == self.config.broker_node:  # a signal cannot reach the broker from elsewhere
+            env["MARBLE_BROKER_PID"] = str(os.getpid())
         if spec.steps:
             env["MARBLE_TARGET_STEPS"] = str(spec.steps)
         if spec.model:
@@ -442,6 +476,8 @@ class Broker:
             # A rigid job cannot checkpoint: stop it; it will start again from scratch.
             self._stop(job.id, live, reason)
             return
+        atomic_write_json(self.job_dir(job.id) / SUSPEND_FILE,
+                          {"run_id": live.run_id, "at": time.time()}, durable=False)
         live.handle.signal(signal.SIGTSTP)
         self._record_event("suspend-requested", job.id, live.run_id, reason=reason)
         if not self.draining:
@@ -635,25 +671,6 @@ class Broker:
             "started_at": self.started_at,
             "time_scale": self.config.time_scale,
         }
-
-
-@dataclass
-class AdoptedRun:
-    """A run started by an earlier broker: not our child, so it is watched through /proc."""
-
-    pid: int
-    pid_start: int | None
-
-    def alive(self) -> bool:
-        return self.pid > 0 and process_start_time(self.pid) == self.pid_start
-
-    async def wait(self) -> int | None:
-        while self.alive():
-            await asyncio.sleep(0.2)
-        return None  # the exit code of a process that is not our child is not ours to know
-
-    def signal(self, sig: int) -> bool:
-        return self.alive() and signal_group(self.pid, sig)
 
 
 def _spec_doc(row: JobRow) -> dict:

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -16,9 +17,10 @@ from aiohttp import web
 from marbled.api.server import build_app
 from marbled.core.policy import get_policy
 from marbled.daemon.broker import Broker, BrokerConfig
+from marbled.launch.base import Launcher
 from marbled.launch.local import LocalLauncher
 from marbled.paths import DB_NAME, socket_path
-from marbled.store.db import Store
+from marbled.store.db import SchemaError, Store
 
 log = logging.getLogger("marbled")
 
@@ -54,13 +56,19 @@ def prepare_state_dir(state_dir: Path) -> int:
 
 
 async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
-                time_slice: float | None = None) -> None:
+                time_slice: float | None = None, launcher: Launcher | None = None) -> int:
+    """Serve until drained; the number of jobs left unfinished (to resume later)."""
+    launcher = launcher or LocalLauncher()
     lock_fd = prepare_state_dir(config.state_dir)
-    store = Store(config.state_dir / DB_NAME)
+    try:
+        store = Store(config.state_dir / DB_NAME)
+    except SchemaError as exc:
+        os.close(lock_fd)
+        raise StartupError(str(exc)) from None
     store.set_meta(policy=policy_name, profile=config.book.system,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
-                   time_scale=config.time_scale)
-    broker = Broker(config, store, LocalLauncher(), get_policy(policy_name, time_slice))
+                   time_scale=config.time_scale, launcher=launcher.name)
+    broker = Broker(config, store, launcher, get_policy(policy_name, time_slice))
     broker.recover()
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []
@@ -80,11 +88,17 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
         await web.UnixSite(runner, str(path)).start()
     finally:
         os.umask(old_umask)
-    for sig, why in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
-        loop.add_signal_handler(sig, shutdown, f"received {why}")
+    # SIGUSR2 is the allocation's end warning (sbatch --signal=B:USR2@SECONDS, forwarded by
+    # the batch script); SIGUSR1 is taken by the jobs' acknowledgements.
+    for sig, why in ((signal.SIGTERM, "received SIGTERM"), (signal.SIGINT, "received SIGINT"),
+                     (signal.SIGUSR2, "the allocation is about to end (SIGUSR2)")):
+        loop.add_signal_handler(sig, shutdown, why)
     nodes = ", ".join(f"{n}: {len(d)} GPUs" for n, d in config.nodes.items())
-    log.info("marbled %d ready on %s (%s, policy %s, %s)", os.getpid(), path, nodes,
-             policy_name, gpu_source)
+    log.info("marbled %d ready on %s (%s, policy %s, %s, %s launcher)", os.getpid(), path,
+             nodes, policy_name, gpu_source, launcher.name)
+    if config.end_time is not None:
+        log.info("the allocation ends at %s: every job is suspended %g s before",
+                 time.ctime(config.end_time), config.drain_before)
     try:
         await broker.run()
     finally:
@@ -92,7 +106,9 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
         path.unlink(missing_ok=True)
         store.close()
         os.close(lock_fd)
-    log.info("marbled stopped")
+    left = broker.state.unfinished
+    log.info("marbled stopped (%d jobs left for the next broker)", left)
+    return left
 
 
 def local_node_name() -> str:

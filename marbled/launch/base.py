@@ -35,3 +35,7 @@ class Launcher(Protocol):
     name: str
 
     async def launch(self, request: LaunchRequest) -> RunHandle: ...
+
+    def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> RunHandle:
+        """A handle on a run an earlier broker launched (process `pid`, started at `pid_start`)."""
+        ...

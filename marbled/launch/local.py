@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from marbled.launch.base import LaunchRequest
 
@@ -87,8 +88,30 @@ class LocalRun:
         return signal_group(self.pid, sig)
 
 
+@dataclass
+class AdoptedRun:
+    """A run started by an earlier broker: not our child, so it is watched through /proc."""
+
+    pid: int
+    pid_start: int | None
+
+    def alive(self) -> bool:
+        return self.pid > 0 and process_start_time(self.pid) == self.pid_start
+
+    async def wait(self) -> int | None:
+        while self.alive():
+            await asyncio.sleep(0.2)
+        return None  # the exit code of a process that is not our child is not ours to know
+
+    def signal(self, sig: int) -> bool:
+        return self.alive() and signal_group(self.pid, sig)
+
+
 class LocalLauncher:
     name = "local"
+
+    def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> AdoptedRun:
+        return AdoptedRun(pid, pid_start)
 
     async def launch(self, request: LaunchRequest) -> LocalRun:
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}

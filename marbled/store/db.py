@@ -9,6 +9,7 @@ neither. `sql/schema.sql` mirrors these tables for staff.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
+# newer marbled opens the state directory of an older one.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE runs ADD COLUMN devices VARCHAR",),
+}
+
+
+class SchemaError(RuntimeError):
+    pass
 
 
 class Base(DeclarativeBase):
@@ -63,6 +73,7 @@ class RunRow(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     node: Mapped[str] = mapped_column(String(128))
     gpu_ids: Mapped[str] = mapped_column(String)  # comma list of GPU slots, e.g. "0,1,2"
+    devices: Mapped[str | None] = mapped_column(String)  # the GPUs the run saw, if reported
     gpu_count: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))
     started_at: Mapped[float] = mapped_column(Float)
@@ -98,6 +109,7 @@ class Store:
         self.path = Path(path)
         self.engine = create_engine(f"sqlite:///{self.path}", json_serializer=json.dumps)
         event.listen(self.engine, "connect", _sqlite_pragmas)
+        migrate(self.path)
         Base.metadata.create_all(self.engine)
         with self.tx() as s:
             if s.get(MetaRow, "schema_version") is None:
@@ -150,6 +162,31 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def migrate(path: Path) -> int | None:
+    """Bring an existing database to SCHEMA_VERSION; the version it had (None if new)."""
+    con = sqlite3.connect(path, isolation_level=None)  # explicit BEGIN: DDL in the transaction
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            con.execute("ROLLBACK")
+            return None
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        found = int(row[0]) if row else 1
+        if found > SCHEMA_VERSION:
+            con.execute("ROLLBACK")
+            raise SchemaError(f"{path} has schema version {found}, newer than this marbled's "
+                              f"({SCHEMA_VERSION}); use the newer marbled that wrote it")
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version]:
+                con.execute(statement)
+        con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),))
+        con.execute("COMMIT")
+        return found
+    finally:
+        con.close()
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

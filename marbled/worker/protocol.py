@@ -10,15 +10,18 @@ The broker starts every run with:
   MARBLE_LAUNCH_TIME             when the broker launched this run (Unix time)
   CUDA_VISIBLE_DEVICES, MARBLE_GPUS   the GPUs of this run, and how many
 
-Suspension: the broker sends SIGTSTP to the job's process group. The handler
-only sets a flag. At the next step boundary the job writes its checkpoint
-(atomically), calls `acknowledge(step)` -- which writes the ack marker and sends
-SIGUSR1 to the broker -- and exits. The marker alone is enough for the broker
-(it also polls for it), so a lost signal costs latency, not correctness.
+Suspension: the broker writes `suspend.json` (naming the run) and sends SIGTSTP
+to the job's process group. The handler only sets a flag. At the next step
+boundary the job writes its checkpoint (atomically), calls `acknowledge(step)`
+-- which writes the ack marker and sends SIGUSR1 to the broker (if it runs on
+this node) -- and exits. The marker alone is enough for the broker (it also
+polls for it), so a lost signal costs latency, not correctness.
 
 Install the handler in the first lines of the job's entry point, before heavy
-imports: a SIGTSTP that arrives before it is silently dropped (the job runs in
-its own session, an orphaned process group).
+imports: a SIGTSTP that arrives before it is dropped (the job runs in its own
+session, an orphaned process group, or under Slurm with SIGTSTP ignored); the
+job then finds `suspend.json` at its next check (install, restore, or a
+progress report) instead.
 
 Framework helpers (`marbled.worker.keras`, `.tf`, `.torch`) build on
 `step_finished()` and `checkpoint_and_exit()`.
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import NoReturn
 
 ACK_FILE = "ack.json"
+SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
 
@@ -137,7 +141,18 @@ class JobProtocol:
         signal.signal(signal.SIGTSTP, self._on_tstp)
         signal.siginterrupt(signal.SIGTSTP, False)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
+        self._check_request()
         return self
+
+    def _check_request(self) -> None:
+        """A SIGTSTP sent before the handler was installed is lost; the broker's request
+        file is not. Checked at start-up, after the restore and with every progress report."""
+        if self.run_dir is None or self.suspend_requested:
+            return
+        request = read_json(self.run_dir / SUSPEND_FILE)
+        if request is not None and request.get("run_id") == self.run_id:
+            self.signalled_at = request.get("at")
+            self.suspend_requested = True
 
     def _on_tstp(self, signum, frame) -> None:
         if not self.suspend_requested:
@@ -159,6 +174,7 @@ class JobProtocol:
         payload = {"run_id": self.run_id, "step": step, "start_step": self.start_step,
                    "time": now, "phases": self.phases, "prestart": self.waits_for_go}
         atomic_write_json(self.run_dir / PROGRESS_FILE, payload, durable=False)
+        self._check_request()
 
     def acknowledge(self, step: int, **detail) -> None:
         """The checkpoint at `step` is on disk: tell the broker, by marker and by SIGUSR1."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from marbled.resources import PROJECT_ROOT
-from marbled.store.db import Store
+from marbled.store.db import SCHEMA_VERSION, SchemaError, Store, migrate
 
 
 def _columns(con: sqlite3.Connection) -> dict[str, list[tuple]]:
@@ -31,3 +33,48 @@ def test_staff_reports_run_on_a_store(tmp_path):
             line.startswith("--") for line in query.strip().splitlines()
         ):
             con.execute(query).fetchall()
+
+
+def _as_version_1(path) -> None:
+    """Turn a current database back into what marbled with schema version 1 wrote."""
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE runs DROP COLUMN devices")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+
+
+def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "marble.db"
+    Store(path).close()
+    _as_version_1(path)
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO jobs (id, demand, malleable, command, emulate, after, state, step,"
+                " suspensions, submitted_at) VALUES (1, 3, 1, '[]', 1, '[]', 'suspended', 42,"
+                " 1, 0)")
+    con.execute("INSERT INTO runs (id, job_id, node, gpu_ids, gpu_count, role, started_at)"
+                " VALUES (1, 1, 'n1', '0,1,2', 3, 'primary', 0)")
+    con.commit()
+    con.close()
+
+    assert migrate(path) == 1
+    store = Store(path)
+    (run,) = store.runs()
+    assert (run.gpu_ids, run.devices) == ("0,1,2", None)
+    assert store.jobs()[0].step == 42
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "2"
+    store.close()
+    assert migrate(path) == 2  # nothing left to do
+
+
+def test_a_newer_state_directory_is_refused_untouched(tmp_path):
+    path = tmp_path / "marble.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaError, match="schema version 99, newer"):
+        Store(path)
+    assert sqlite3.connect(path).execute(
+        "SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("99",)

@@ -90,7 +90,7 @@ def test_sigterm_to_broker_suspends_all_and_next_broker_finishes(daemon_factory,
                  {"model": "inception-v3", "steps": 1500, "emulate": True},
                  {"model": "vgg-16", "steps": 400, "emulate": True})
     first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()[:2]), what="progress")
-    assert first.stop(signal.SIGTERM) == 0
+    assert first.stop(signal.SIGTERM) == 75  # EX_TEMPFAIL: jobs left for the next broker
     rows = first.query("SELECT id, state, step FROM jobs ORDER BY id")
     assert [r["state"] for r in rows[:2]] == ["suspended", "suspended"]
     assert all(r["step"] > 0 for r in rows[:2])

@@ -1,0 +1,49 @@
+"""`python -m marbled.launch.step INFO_FILE ARGV...`: the first program of every Slurm job step.
+
+It writes what only the inside of a step can see -- its step id, node and the
+GPUs Slurm gave it (SLURM_STEP_GPUS; `scontrol show step` does not list GPU
+indices) -- to INFO_FILE, then becomes ARGV (exec), so the training process is
+the step's top process and gets the step's signals.
+
+SIGTSTP is ignored across the exec, until the job installs its own handler: a
+suspension that arrives before the job can checkpoint should not stop the
+process (which then only the kill timeout would end), but be acknowledged by
+nobody and escalate as for a local job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+from marbled.worker.protocol import atomic_write_json
+
+
+def step_info(env: dict[str, str]) -> dict:
+    return {
+        "run_id": env.get("MARBLE_RUN_ID"),
+        "job_id": env.get("SLURM_JOB_ID"),
+        "step_id": env.get("SLURM_STEP_ID"),
+        "node": env.get("SLURMD_NODENAME"),
+        "host": socket.gethostname(),
+        "gpus": env.get("SLURM_STEP_GPUS", env.get("CUDA_VISIBLE_DEVICES", "")),
+        "pid": os.getpid(),
+    }
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        sys.exit("usage: python -m marbled.launch.step INFO_FILE ARGV...")
+    info_file, command = argv[0], argv[1:]
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    atomic_write_json(info_file, step_info(dict(os.environ)), durable=False)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        sys.exit(f"marbled: cannot run {command[0]!r}: {exc.strerror}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

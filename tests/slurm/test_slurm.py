@@ -1,0 +1,221 @@
+"""marbled inside real Slurm allocations, every run a real job step (fake GPUs, see conftest).
+
+The broker runs outside the allocation's steps as it would under salloc, with
+SLURM_JOB_ID naming the allocation; its runs are `srun --exact` steps whose GPU
+sets come from Slurm and are read back from the steps themselves (`devices`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from marbled.allocation import slurm_allocation
+from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.paths import socket_path
+from marbled.resources import PROJECT_ROOT
+from tests.integration.test_walkthroughs import _jobset, _runs_by_job
+from tests.slurm.conftest import slurm_job_state, wait_slurm_job
+
+pytestmark = pytest.mark.slurm
+
+ONE_NODE = ("--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
+
+
+def _devices(run) -> set[str]:
+    assert run["devices"], f"run {run['id']} never reported its GPUs"
+    return set(run["devices"].split(","))
+
+
+def _overlap(a, b) -> bool:
+    return a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+
+
+def _assert_no_gpu_shared(runs) -> None:
+    """Runs at the same time on the same node hold disjoint GPUs, as the steps saw them."""
+    for a in runs:
+        assert len(_devices(a)) == a["gpu_count"]
+        for b in runs:
+            if a["id"] < b["id"] and a["node"] == b["node"] and _overlap(a, b):
+                assert _devices(a).isdisjoint(_devices(b)), (dict(a), dict(b))
+
+
+def _placed(daemon) -> dict[int, dict]:
+    return {r["run_id"]: json.loads(r["data"])
+            for r in daemon.query("SELECT run_id, data FROM events WHERE kind = 'placed'")}
+
+
+def _broker(daemon_factory, job_id: str, *args: str, state_dir: Path | None = None,
+            time_scale: float = 0.01):
+    return daemon_factory("--launcher", "slurm", *args, gpus=None, state_dir=state_dir,
+                          time_scale=time_scale, env={"SLURM_JOB_ID": job_id})
+
+
+def test_allocation_discovery_reads_nodes_gpus_cpus_and_end_time(allocate):
+    job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--gres=gpu:6",
+                   "--time=7")
+    alloc = slurm_allocation(job)
+    assert alloc.job_id == job
+    assert alloc.nodes == {"n1": tuple("012345"), "n2": tuple("012345")}
+    assert alloc.cpus == {"n1": 4, "n2": 4}
+    squeue = json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    (mine,) = [j for j in squeue["jobs"] if str(j["job_id"]) == job]
+    assert alloc.end_time == mine["end_time"]  # the same instant, from the other tool
+
+
+def test_figure5_through_real_job_steps(daemon_factory, allocate):
+    """Figure 5 with every run a job step: ResNet-50 primary on 3, Inception-v3 secondary
+    on 3 then promoted to 4 (a new step), VGG-16 secondary on 2; GPU sets from the steps."""
+    job = allocate(*ONE_NODE)
+    d = _broker(daemon_factory, job)
+    assert {n: len(v["gpus"]) for n, v in d.client.get("/v1/status")["nodes"].items()} \
+        == {"n1": 6}
+    d.submit(*_jobset(3))
+    jobs = d.wait_all(timeout=120)
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    runs = _runs_by_job(d)
+    (r50,) = runs[1]
+    assert (r50["role"], r50["gpu_count"]) == ("primary", 3)
+    inc_first, inc_resumed = runs[2]
+    assert (inc_first["role"], inc_first["gpu_count"], inc_first["end_reason"]) == (
+        "secondary", 3, "suspended")
+    assert (inc_resumed["role"], inc_resumed["gpu_count"]) == ("primary", 4)
+    assert 0 < inc_first["end_step"] == inc_resumed["start_step"]
+    assert inc_resumed["end_step"] == 2000
+    assert (runs[3][0]["role"], runs[3][0]["gpu_count"]) == ("secondary", 2)
+    assert runs[3][-1]["end_step"] == 800
+    all_runs = d.runs()
+    _assert_no_gpu_shared(all_runs)
+    placed = _placed(d)
+    assert set(placed) == {r["id"] for r in all_runs}  # every run reported from its step
+    assert len({p["step"] for p in placed.values()}) == len(all_runs)  # one step per run
+    assert all(p["node"] == "n1" for p in placed.values())
+    acks = d.query("SELECT data FROM events WHERE kind = 'acknowledged'")
+    assert len(acks) == 2  # the two suspensions reached the jobs (scancel --signal=TSTP)
+
+
+def test_two_node_allocation_runs_jobs_on_both_nodes(daemon_factory, allocate):
+    """Two nodes are two pools: MARBLE decides per node and every step runs where the broker
+    put it. The broker is on neither node, so jobs acknowledge by marker file only."""
+    job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
+    d = _broker(daemon_factory, job)
+    assert sorted(d.client.get("/v1/status")["nodes"]) == ["n1", "n2"]
+    d.submit(*_jobset(4))
+    jobs = d.wait_all(timeout=180)
+    assert [j["state"] for j in jobs] == ["done"] * 5
+    runs = d.runs()
+    assert {r["node"] for r in runs} == {"n1", "n2"}
+    placed = _placed(d)
+    for run in runs:
+        assert placed[run["id"]]["node"] == run["node"]  # SLURMD_NODENAME inside the step
+    _assert_no_gpu_shared(runs)
+    acks = [json.loads(r["data"]) for r in d.query(
+        "SELECT data FROM events WHERE kind = 'acknowledged'")]
+    assert acks and all(a["via"] == "marker" for a in acks)
+
+
+def test_allocation_end_suspends_all_and_a_new_allocation_finishes(daemon_factory, allocate,
+                                                                    tmp_path):
+    """A 1-minute allocation: at its end time minus --drain-before the broker suspends every
+    job and exits 75; a broker in a new allocation, on another node, finishes every job."""
+    state = tmp_path / "state"
+    first_job = allocate(*ONE_NODE, "--nodelist=n1", "--time=1")
+    first = _broker(daemon_factory, first_job, "--drain-before", "50", state_dir=state,
+                    time_scale=0.05)
+    first.submit(*_jobset(3))
+    assert first.proc.wait(timeout=90) == 75, first.log()
+    drain = first.query("SELECT data FROM events WHERE kind = 'drain'")
+    assert "the allocation ends" in json.loads(drain[0]["data"])["reason"]
+    rows = first.query("SELECT id, state, step FROM jobs ORDER BY id")
+    suspended = [r for r in rows if r["state"] == "suspended"]
+    assert suspended and all(r["step"] > 0 for r in suspended)
+    assert not first.query("SELECT id FROM runs WHERE ended_at IS NULL")
+    last_first_run = max(r["id"] for r in first.runs())
+    subprocess.run(["scancel", first_job], check=True)
+
+    second_job = allocate(*ONE_NODE, "--nodelist=n2")
+    second = _broker(daemon_factory, second_job, state_dir=state)
+    jobs = second.wait_all(timeout=120)
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    for job_id, steps in ((1, 900), (2, 2000), (3, 800)):
+        chain = second.query("SELECT * FROM runs WHERE job_id = ? ORDER BY id", job_id)
+        assert chain[0]["start_step"] == 0 and chain[-1]["end_step"] == steps
+        for a, b in zip(chain, chain[1:], strict=False):
+            assert a["end_step"] == b["start_step"]
+    assert {r["node"] for r in second.runs() if r["id"] > last_first_run} == {"n2"}
+
+
+def _training(broker: BrokerClient) -> bool:
+    """True once two jobs run and have trained some steps."""
+    try:
+        jobs = broker.get("/v1/jobs")["jobs"]
+    except (BrokerUnreachable, OSError):
+        return False
+    return sum(j["state"] == "running" and j["step"] > 20 for j in jobs) >= 2
+
+
+JOBS = "SELECT id, state, step FROM jobs ORDER BY id"
+
+
+def _sbatch(script: str, tmp_path: Path, *args: str, opts: str = "") -> str:
+    env = {**os.environ, "MARBLE_STATE_DIR": str(tmp_path / "state"),
+           "MARBLED_OPTS": f"--time-scale 0.01 --monitor-interval 0.1 {opts}",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", *args,
+         str(PROJECT_ROOT / "jobscripts" / script),
+         str(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def _db(tmp_path: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(tmp_path / "state" / "marble.db")
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_marble_sbatch_runs_a_job_set_to_the_end(tmp_path, slurm_cluster):
+    job = _sbatch("marble.sbatch", tmp_path)
+    assert wait_slurm_job(job, timeout=120) == "COMPLETED", \
+        (tmp_path / f"slurm-{job}.out").read_text()
+    assert _db(tmp_path, JOBS) == [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
+
+
+def test_chain_sbatch_survives_the_end_warning_and_resubmits_itself(tmp_path, slurm_cluster):
+    """Slurm's warning signal (what --signal=B:USR2@T sends, here sent at once with scancel)
+    reaches the broker through the batch shell: every job suspended, the script queues its
+    successor on the same state directory, and the successor finishes every job."""
+    first = _sbatch("marble-chain.sbatch", tmp_path, opts="--time-scale 0.05")
+    out = tmp_path / f"slurm-{first}.out"
+    broker = BrokerClient(socket_path(tmp_path / "state"), timeout=5)
+    deadline = time.monotonic() + 60
+    while not _training(broker):
+        assert slurm_job_state(first) in ("PENDING", "RUNNING", "CONFIGURING"), out.read_text()
+        assert time.monotonic() < deadline, "no job trained in the first allocation"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--batch", f"--signal={signal.SIGUSR2.name[3:]}", first],
+                   check=True)
+    assert wait_slurm_job(first, timeout=120) == "COMPLETED", out.read_text()
+    text = out.read_text()
+    assert "carries on" in text, text
+    second = text.split("allocation ")[-1].split()[0]
+    assert wait_slurm_job(second, timeout=120) == "COMPLETED", \
+        (tmp_path / f"slurm-{second}.out").read_text()
+    first_drain = _db(tmp_path, "SELECT data FROM events WHERE kind = 'drain' ORDER BY id")[0]
+    assert "SIGUSR2" in json.loads(first_drain[0])["reason"]
+    suspended = _db(tmp_path, "SELECT job_id, end_step FROM runs WHERE end_reason = 'suspended'")
+    assert len(suspended) >= 2 and all(step > 20 for _, step in suspended)
+    assert _db(tmp_path, JOBS) == [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
