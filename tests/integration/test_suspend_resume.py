@@ -205,3 +205,21 @@ def test_broker_killed_before_recording_the_pid_finds_the_process(daemon_factory
     assert jobs[0]["state"] == "done"
     (run,) = second.runs()  # one run: nothing was started twice
     assert run["pid"] == pid and run["end_step"] == 2000
+
+
+def test_suspension_before_the_handler_is_installed_is_not_lost(daemon, tmp_path):
+    """A SIGTSTP that comes while the job still imports (before JobProtocol.install) is
+    dropped by the kernel; the broker's suspend.json makes the job checkpoint anyway,
+    instead of training to its end."""
+    log = tmp_path / "steps.log"
+    slow_start = f"sleep 1.5; exec {' '.join(EMULATE)} --step-log {log}"
+    (job,) = daemon.submit({"model": "inception-v3", "steps": 3000,
+                            "command": ["sh", "-c", slow_start]})
+    daemon.wait_for(lambda: daemon.jobs()[0]["state"] == "running", what="launch")
+    daemon.client.post(f"/v1/jobs/{job['id']}/suspend")
+    jobs = daemon.wait_all(timeout=60)
+    assert jobs[0]["state"] == "done"
+    first, resumed = _chain(daemon, job["id"])
+    assert first["end_reason"] == "suspended" and first["end_step"] < 100
+    assert first["end_step"] == resumed["start_step"] and resumed["end_step"] == 3000
+    assert sorted(_steps(log)) == list(range(1, 3001))

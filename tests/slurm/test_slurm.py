@@ -219,3 +219,50 @@ def test_chain_sbatch_survives_the_end_warning_and_resubmits_itself(tmp_path, sl
     suspended = _db(tmp_path, "SELECT job_id, end_step FROM runs WHERE end_reason = 'suspended'")
     assert len(suspended) >= 2 and all(step > 20 for _, step in suspended)
     assert _db(tmp_path, JOBS) == [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
+
+
+def test_job_step_ignoring_sigtstp_is_stopped_through_scancel(daemon_factory, allocate,
+                                                             tmp_path):
+    """Escalation through Slurm: no acknowledgement -> scancel --signal=TERM to the step;
+    the job resumes from its last periodic checkpoint and ends at exactly its steps."""
+    job = allocate(*ONE_NODE)
+    d = _broker(daemon_factory, job, "--suspend-timeout", "0.5", "--kill-timeout", "2")
+    log = tmp_path / "steps.log"
+    cmd = [sys.executable, "-m", "marbled.worker.emulate", "--time-scale", "0.01",
+           "--ignore-suspend", "--checkpoint-every", "50", "--step-log", str(log)]
+    d.submit({"model": "resnet-50", "steps": 600, "emulate": True},
+             {"model": "inception-v3", "steps": 1500, "command": cmd})
+    jobs = d.wait_all(timeout=120)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    first, resumed = d.query("SELECT * FROM runs WHERE job_id = 2 ORDER BY id")[:2]
+    assert (first["end_reason"], first["exit_code"]) == ("suspended", -signal.SIGTERM)
+    assert resumed["start_step"] % 50 == 0 and resumed["start_step"] > 0
+    assert sorted(set(int(s) for s in log.read_text().split())) == list(range(1, 1501))
+    kinds = [r["kind"] for r in d.query("SELECT kind FROM events WHERE job_id = 2")]
+    assert "suspend-timeout" in kinds and "stop" in kinds
+
+
+def test_broker_killed_hard_readopts_its_job_steps(daemon_factory, allocate, tmp_path):
+    """kill -9 of the broker inside an allocation: the steps run on; the next broker adopts
+    them (srun pid + start time), signals them through scancel, and starts nothing twice."""
+    job = allocate(*ONE_NODE)
+    state = tmp_path / "state"
+    first = _broker(daemon_factory, job, state_dir=state, time_scale=0.02)
+    first.submit({"model": "resnet-50", "steps": 900, "emulate": True},
+                 {"model": "inception-v3", "steps": 2000, "emulate": True})
+    first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()), what="progress")
+    first.stop(signal.SIGKILL)
+    second = _broker(daemon_factory, job, state_dir=state, time_scale=0.02)
+    jobs = second.wait_all(timeout=120)
+    assert [j["state"] for j in jobs] == ["done", "done"]
+    adopted = second.query("SELECT job_id FROM events WHERE kind = 'adopted'")
+    assert {r["job_id"] for r in adopted} == {1, 2}
+    runs = second.runs()
+    for a in runs:
+        for b in runs:
+            if a["id"] < b["id"] and a["job_id"] == b["job_id"]:
+                assert b["started_at"] >= a["ended_at"]  # never two runs of one job at once
+    inc = [r for r in runs if r["job_id"] == 2]
+    # the adopted secondary was promoted: suspended through scancel, resumed on 4 GPUs
+    assert [r["end_reason"] for r in inc] == ["suspended", "done"]
+    assert inc[1]["gpu_count"] == 4 and inc[0]["end_step"] == inc[1]["start_step"] > 0
