@@ -9,7 +9,8 @@ CREATE TABLE jobs (
 	model VARCHAR(128),             -- model name looked up in the profile
 	steps INTEGER,                  -- requested steps in all (MARBLE_TARGET_STEPS)
 	gpus_request INTEGER,           -- NULL = auto (profile's optimal count, malleable)
-	demand INTEGER NOT NULL,        -- GPU count the policy aims for
+	demand INTEGER NOT NULL,        -- GPU count the policy aims for (on each node)
+	nodes INTEGER DEFAULT '1' NOT NULL, -- nodes the job runs on (demand GPUs on each)
 	malleable BOOLEAN NOT NULL,     -- may run as secondary and be suspended/resumed
 	command JSON NOT NULL,          -- argv list; [] for emulated jobs
 	emulate BOOLEAN NOT NULL,       -- marbled's EMULATED training job
@@ -30,10 +31,10 @@ CREATE INDEX ix_jobs_state ON jobs (state);
 CREATE TABLE runs (
 	id INTEGER NOT NULL,
 	job_id INTEGER NOT NULL,
-	node VARCHAR(128) NOT NULL,
-	gpu_ids VARCHAR NOT NULL,       -- GPU slots of the node, e.g. '0,1,2'
+	node VARCHAR(128) NOT NULL,     -- a multi-node run: its nodes, 'n1,n2'
+	gpu_ids VARCHAR NOT NULL,       -- GPU slots of the node, e.g. '0,1,2'; per node: '0,1;4,5'
 	devices VARCHAR,                -- GPUs the run really got, as the batch system reported
-	gpu_count INTEGER NOT NULL,
+	gpu_count INTEGER NOT NULL,     -- on all its nodes
 	role VARCHAR(16) NOT NULL,      -- primary | secondary
 	started_at FLOAT NOT NULL,
 	ended_at FLOAT,                 -- NULL while it runs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marbled.core.spec import MAX_NAME, MAX_STEPS
+from marbled.core.spec import MAX_NAME, MAX_NODES, MAX_STEPS
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -35,6 +35,9 @@ JOB = {
                             {"type": "array", "items": {"oneOf": [
                                 {"type": "integer", "minimum": 1}, {"type": "string"}]}}]},
         "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME},
+        "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES, "default": 1,
+                  "description": "run `gpus` GPUs on each of this many nodes (one process "
+                                 "per node; policies marble and rigid)"},
     },
 }
 

@@ -28,6 +28,7 @@ from marbled.api.openapi import SPEC
 from marbled.core.model import JobState
 from marbled.core.spec import JobSpec, SpecError
 from marbled.daemon.broker import Broker, Refused
+from marbled.store.db import placement_parts
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
@@ -174,9 +175,11 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Applicatio
 
 
 def _run_view(r) -> dict:
+    parts = placement_parts(r.node, r.gpu_ids)
     return {
         "id": r.id, "job_id": r.job_id, "node": r.node,
-        "gpus": [int(g) for g in r.gpu_ids.split(",")] if r.gpu_ids else [],
+        "gpus": [g for _, gpus in parts for g in gpus],
+        "parts": [[node, list(gpus)] for node, gpus in parts],
         "devices": r.devices.split(",") if r.devices else None,
         "role": r.role, "started_at": r.started_at, "ended_at": r.ended_at,
         "start_step": r.start_step, "end_step": r.end_step, "exit_code": r.exit_code,

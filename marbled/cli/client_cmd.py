@@ -68,6 +68,9 @@ def main(ctx: click.Context, state_dir: Path | None) -> None:
 @click.option("--gpus", default="auto", show_default=True,
               help="'auto' (the profile's optimal count; the job may be suspended and resumed) "
                    "or a fixed count K (runs on exactly K GPUs, never suspended).")
+@click.option("--nodes", type=click.IntRange(1), default=None,
+              help="Run on this many nodes, --gpus on each, one process per node (as one "
+                   "multi-node step under Slurm). [default: 1]")
 @click.option("--after", multiple=True,
               help="Start only after this job (id or name) is done. Repeatable.")
 @click.option("--name", help="A name to refer to the job by (e.g. in --after).")
@@ -78,14 +81,14 @@ def main(ctx: click.Context, state_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the accepted jobs as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, model, steps, gpus, after, name, emulate, job_file, as_json, command):
+def submit(ctx, model, steps, gpus, nodes, after, name, emulate, job_file, as_json, command):
     """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
 
     The job starts when the FIFO reaches it, with CUDA_VISIBLE_DEVICES set to
     its GPUs and MARBLE_* variables for the worker protocol.
     """
     if job_file:
-        if command or model or steps or emulate or name or after:
+        if command or model or steps or emulate or name or after or nodes:
             raise click.UsageError(
                 "--file takes every job from the file; give no other job options")
         try:
@@ -93,7 +96,7 @@ def submit(ctx, model, steps, gpus, after, name, emulate, job_file, as_json, com
         except JobFileError as exc:
             raise click.ClickException(str(exc)) from None
     else:
-        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate,
+        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate, "nodes": nodes,
                "after": [int(a) if a.isdigit() else a for a in after],
                "gpus": int(gpus) if gpus.isdigit() else gpus}
         if command:

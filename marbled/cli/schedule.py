@@ -16,18 +16,20 @@ def _label(job: dict) -> str:
 
 
 def schedule_rows(runs: list[dict], jobs: dict[int, dict], t0: float, scale: float) -> list[dict]:
-    """Runs with times relative to `t0`, in profiled seconds (real seconds / `scale`)."""
+    """Runs with times relative to `t0`, in profiled seconds (real seconds / `scale`);
+    a multi-node run gives one row per node."""
     rows = []
     for r in runs:
         end = r["ended_at"]
-        rows.append({
-            "run": r["id"], "job": r["job_id"], "label": _label(jobs.get(r["job_id"], {})),
-            "role": r["role"], "node": r["node"], "gpus": r["gpus"],
-            "start": (r["started_at"] - t0) / scale,
-            "end": None if end is None else (end - t0) / scale,
-            "start_step": r["start_step"], "end_step": r["end_step"],
-            "why": r["end_reason"] or "running",
-        })
+        for node, gpus in r.get("parts") or [(r["node"], r["gpus"])]:
+            rows.append({
+                "run": r["id"], "job": r["job_id"], "label": _label(jobs.get(r["job_id"], {})),
+                "role": r["role"], "node": node, "gpus": gpus,
+                "start": (r["started_at"] - t0) / scale,
+                "end": None if end is None else (end - t0) / scale,
+                "start_step": r["start_step"], "end_step": r["end_step"],
+                "why": r["end_reason"] or "running",
+            })
     return rows
 
 

@@ -50,6 +50,11 @@ class Node:
 class Placement:
     node: str
     gpus: tuple[int, ...]
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # further nodes of a multi-node run
+
+    def parts(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(node, GPU slots) for every node of the run, the first node first."""
+        return ((self.node, self.gpus), *self.others)
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,15 @@ class Job:
     `demand` is the GPU count the job runs best on (from its profile) or the
     count it asked for. A *malleable* job speaks the worker protocol: it may
     start as a secondary on fewer GPUs and be suspended; a rigid job (explicit
-    `--gpus K`) runs on exactly its count and is never suspended.
+    `--gpus K`) runs on exactly its count and is never suspended. A job on
+    `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary.
     """
 
     id: int
     demand: int
     malleable: bool
     after: tuple[int, ...] = ()
+    nodes: int = 1
     state: JobState = JobState.QUEUED
     role: Role | None = None
     placement: Placement | None = None  # GPUs held while running/suspending
@@ -90,12 +97,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Start:
-    """Launch (or resume from its checkpoint) `job` on `gpus` of `node`."""
+    """Launch (or resume from its checkpoint) `job` on `gpus` of `node` (and `others`)."""
 
     job: int
     node: str
     gpus: tuple[int, ...]
     role: Role
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a multi-node job's further nodes
 
 
 @dataclass(frozen=True)
@@ -201,14 +209,14 @@ class State:
         """Carry out `action` in the state; `at` is the time (for a Start: the run's start)."""
         job = self.jobs[action.job]
         match action:
-            case Start(node=node, gpus=gpus, role=role):
+            case Start(node=node, gpus=gpus, role=role, others=others):
                 if job.state not in (JobState.QUEUED, JobState.SUSPENDED):
                     raise TransitionError(f"cannot start job {job.id} in state {job.state}")
                 new = replace(
                     job,
                     state=JobState.RUNNING,
                     role=role,
-                    placement=Placement(node, tuple(gpus)),
+                    placement=Placement(node, tuple(gpus), others),
                     resume_on=None,
                     run_started=at,
                 )
@@ -251,11 +259,11 @@ class State:
         old = self.jobs.get(new.id)
         if old is not None:
             for p in (old.placement, old.resume_on):
-                if p is not None:
-                    self._taken[p.node].difference_update(p.gpus)
+                for node, gpus in p.parts() if p is not None else ():
+                    self._taken[node].difference_update(gpus)
         for p in (new.placement, new.resume_on):
-            if p is not None:
-                self._taken[p.node].update(p.gpus)
+            for node, gpus in p.parts() if p is not None else ():
+                self._taken[node].update(gpus)
         was_waiting = old is not None and old.waiting
         if was_waiting != new.waiting:
             if new.waiting:

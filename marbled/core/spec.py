@@ -11,6 +11,7 @@ from marbled.core.profiles import ProfileBook
 MAX_STEPS = 10**12
 MAX_NAME = 128
 MAX_COMMAND_ARGS = 4096
+MAX_NODES = 10_000
 
 
 class SpecError(ValueError):
@@ -31,8 +32,9 @@ class JobSpec:
     gpus: int | None = None  # None = auto: the profile's optimal count
     after: tuple[int | str, ...] = ()  # job ids or names, resolved at submit
     name: str | None = None
+    nodes: int = 1  # > 1: `gpus` GPUs on each of that many nodes, one process per node
 
-    FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name")
+    FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes")
 
     @classmethod
     def from_mapping(cls, doc: object) -> JobSpec:
@@ -98,10 +100,14 @@ class JobSpec:
         if isinstance(name, str) and name.isdigit():
             raise SpecError("name", "must not be all digits (it would read as a job id)")
 
+        nodes = doc.get("nodes", 1)
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 < nodes <= MAX_NODES:
+            raise SpecError("nodes", f"must be a whole number of nodes from 1 to {MAX_NODES}")
+
         if emulate and (model is None or steps is None):
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
-        return cls(command, emulate, model, steps, gpus, tuple(after), name)
+        return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes)
 
     def to_mapping(self) -> dict:
         return {
@@ -112,6 +118,7 @@ class JobSpec:
             "gpus": "auto" if self.gpus is None else self.gpus,
             "after": list(self.after),
             "name": self.name,
+            "nodes": self.nodes,
         }
 
 
@@ -121,8 +128,12 @@ class Sizing:
     malleable: bool  # may run as a secondary and be suspended/resumed
 
 
-def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int) -> Sizing:
-    """How many GPUs `spec` wants on a node of `node_gpus`; SpecError if it can never run."""
+def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int = 1) -> Sizing:
+    """How many GPUs `spec` wants on each of its nodes, out of `node_count` nodes of
+    `node_gpus`; SpecError if it can never run."""
+    if spec.nodes > node_count:
+        raise SpecError("nodes", f"asks for {spec.nodes} nodes but there are {node_count}; "
+                                 f"ask for at most {node_count}")
     if spec.emulate and book.lookup(spec.model) is None:
         raise SpecError(
             "model",

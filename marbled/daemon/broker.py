@@ -33,7 +33,7 @@ from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
 from marbled.launch.local import find_run_process, process_start_time
-from marbled.store.db import JobRow, RunRow, Store
+from marbled.store.db import JobRow, RunRow, Store, placement_columns, placement_parts
 from marbled.worker.protocol import (
     ACK_FILE,
     GO_FILE,
@@ -138,13 +138,15 @@ class Broker:
             if row.name:
                 self.names[row.name] = row.id
             state = JobState(row.state)
-            job = Job(row.id, row.demand, row.malleable, tuple(row.after),
+            job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
                       suspensions=row.suspensions)
             run = open_runs.get(row.id)
-            if state.holds_gpus and run is not None and run.node in self.config.nodes:
+            parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
+            if state.holds_gpus and parts and all(n in self.config.nodes for n, _ in parts):
                 # Adopt the run: if its process still lives it is watched,
                 # if it ended while no broker watched, its exit is handled right away.
-                placement = Placement(run.node, tuple(int(g) for g in run.gpu_ids.split(",")))
+                (node, gpus), *others = parts
+                placement = Placement(node, gpus, tuple(others))
                 self.state.submit(replace(job, state=state, role=Role(run.role),
                                           placement=placement))
                 pid, pid_start = run.pid, run.pid_start
@@ -236,7 +238,10 @@ class Broker:
         sizings = []
         for i, spec in enumerate(specs):
             try:
-                sizings.append(size_job(spec, self.config.book, node_max))
+                if spec.nodes > 1 and not getattr(self.policy, "multi_node", False):
+                    raise SpecError("nodes", f"policy {self.policy.name} runs single-node jobs "
+                                             "only; use --policy marble or rigid")
+                sizings.append(size_job(spec, self.config.book, node_max, len(self.state.nodes)))
             except SpecError as exc:
                 raise Refused(_in_batch(i, len(specs), exc), 400, exc.field) from None
         names = dict(self.names)
@@ -263,6 +268,7 @@ class Broker:
                 s.add(JobRow(
                     id=first + i, name=spec.name, model=spec.model, steps=spec.steps,
                     gpus_request=spec.gpus, demand=sizing.demand, malleable=sizing.malleable,
+                    nodes=spec.nodes,
                     command=list(spec.command), emulate=spec.emulate, after=list(after),
                     state=JobState.QUEUED.value, step=0, suspensions=0, submitted_at=now,
                 ))
@@ -272,7 +278,7 @@ class Broker:
         for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
             job_id = first + i
             self.specs[job_id] = spec
-            self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after))
+            self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after, spec.nodes))
             ids.append(job_id)
         self.names = names
         self._wake.set()
@@ -335,8 +341,10 @@ class Broker:
             row = s.get(JobRow, job.id)
             start_step = row.step
             resumed = row.started_at is not None
-            run = RunRow(job_id=job.id, node=action.node,
-                         gpu_ids=",".join(map(str, action.gpus)), gpu_count=len(action.gpus),
+            parts = ((action.node, action.gpus), *action.others)
+            node_col, gpus_col = placement_columns(parts)
+            run = RunRow(job_id=job.id, node=node_col, gpu_ids=gpus_col,
+                         gpu_count=sum(len(g) for _, g in parts),
                          role=action.role.value, started_at=now, start_step=start_step)
             s.add(run)
             s.flush()
@@ -344,14 +352,18 @@ class Broker:
             row.state = JobState.RUNNING.value
             row.started_at = row.started_at or now
             self.store.log(s, "resumed" if resumed else "started", job.id, run_id, at=now,
-                           node=action.node, gpus=list(action.gpus), role=action.role.value,
-                           step=start_step)
+                           node=node_col, gpus=list(action.gpus), role=action.role.value,
+                           step=start_step, **({"others": action.others} if action.others
+                                               else {}))
         devices = tuple(self.config.nodes[action.node][g] for g in action.gpus)
+        others = tuple((n, tuple(self.config.nodes[n][g] for g in gpus))
+                       for n, gpus in action.others)
         run_env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_GPUS": str(len(devices)),
                    "MARBLE_ROLE": action.role.value, "MARBLE_LAUNCH_TIME": repr(time.time())}
         handle = await self._take_standby(job.id, {**run_env, "devices": devices})
         if handle is None:
-            request = self._request(job.id, action.node, devices, run_env)
+            request = replace(self._request(job.id, action.node, devices, run_env),
+                              others=others)
             try:
                 handle = await self.launcher.launch(request)
             except OSError as exc:
@@ -640,9 +652,11 @@ class Broker:
             "id": row.id, "name": row.name, "model": row.model, "steps": row.steps,
             "state": (job.state if job else JobState(row.state)).value,
             "role": job.role.value if job and job.role else None,
-            "node": job.placement.node if job and job.placement else None,
-            "gpus": list(job.gpus) if job else [],
-            "demand": row.demand, "malleable": row.malleable,
+            "node": (",".join(n for n, _ in job.placement.parts())
+                     if job and job.placement else None),
+            "gpus": [g for _, gs in job.placement.parts() for g in gs]
+                    if job and job.placement else [],
+            "demand": row.demand, "nodes": row.nodes, "malleable": row.malleable,
             "gpus_request": "auto" if row.gpus_request is None else row.gpus_request,
             "step": row.step, "suspensions": row.suspensions, "after": row.after,
             "command": row.command, "emulate": row.emulate,
@@ -675,7 +689,8 @@ class Broker:
 
 def _spec_doc(row: JobRow) -> dict:
     doc = {"emulate": row.emulate, "model": row.model, "steps": row.steps,
-           "gpus": row.gpus_request or "auto", "after": row.after, "name": row.name}
+           "gpus": row.gpus_request or "auto", "after": row.after, "name": row.name,
+           "nodes": row.nodes}
     if row.command:
         doc["command"] = row.command
     return {k: v for k, v in doc.items() if v is not None}

@@ -16,6 +16,8 @@ class LaunchRequest:
     cwd: Path
     stdout: Path
     stderr: Path
+    # A multi-node run's further nodes and their devices (the same count on each)
+    others: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 class RunHandle(Protocol):

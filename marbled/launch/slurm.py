@@ -3,6 +3,9 @@
     srun --jobid J --exact -N1 -n1 -c C -w NODE --gpus K --job-name marble-JOB.RUN \
          python -m marbled.launch.step INFO_FILE <the job's command>
 
+(a job on K nodes: -N K -n K --ntasks-per-node=1 -w N1,...,NK --gpus-per-node=G,
+one task per node, as one step.)
+
 - `--exact` and `-c C` keep a step to its own CPUs (without them one step takes
   every CPU of the allocation and steps run one after another); `--gpus K` is
   given always, because a step with no GPU option takes all the job's GPUs.
@@ -26,6 +29,7 @@ from pathlib import Path
 from marbled.allocation import Allocation
 from marbled.launch.base import LaunchRequest
 from marbled.launch.local import process_start_time
+from marbled.launch.step import rank_file
 from marbled.worker.protocol import read_json
 
 STEP_INFO = "slurm-step.json"
@@ -36,11 +40,13 @@ _SHAPE_VARS = ("SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK",
                "SLURM_CPUS_PER_TASK", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE")
 
 
-def srun_argv(job_id: str, node: str, gpus: int, cpus: int, name: str, info_file: Path,
-              command: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
-    return ["srun", f"--jobid={job_id}", "--exact", "--nodes=1", "--ntasks=1",
-            f"--cpus-per-task={cpus}", f"--nodelist={node}", f"--gpus={gpus}",
-            f"--job-name={name}", *extra,
+def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: str,
+              info_file: Path, command: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
+    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs."""
+    gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
+    return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *extra,
             sys.executable, "-m", "marbled.launch.step", str(info_file), *command]
 
 
@@ -58,6 +64,7 @@ class SlurmStep:
     info_file: Path
     run_id: str
     job_id: str
+    nodes: tuple[str, ...] = ()  # several for a multi-node run, in the broker's order
     process: asyncio.subprocess.Process | None = None  # None when adopted after a restart
     _last: asyncio.Task | None = field(default=None, repr=False)
 
@@ -98,13 +105,22 @@ class SlurmStep:
             os.kill(self.pid, signal.SIGKILL)
 
     async def placement(self, timeout: float = 3600.0) -> dict | None:
-        """What the step reported about itself (step id, node, GPUs); None if it never did."""
+        """What the step reported about itself (step id, node, GPUs); None if it never did.
+
+        For a multi-node step: every task's node and GPUs, joined in the run's node order
+        ("n1,n2" and "0,1;2,3"), once every task has reported.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            info = read_json(self.info_file)
-            if info and info.get("run_id") == self.run_id:
-                return info
+            infos = [read_json(rank_file(self.info_file, r)) for r in range(len(self.nodes) or 1)]
+            if all(i and i.get("run_id") == self.run_id for i in infos):
+                if len(infos) == 1:
+                    return infos[0]
+                by_node = {i["node"]: i["gpus"] for i in infos}
+                order = [n for n in self.nodes if n in by_node] or sorted(by_node)
+                return {**infos[0], "node": ",".join(order),
+                        "gpus": ";".join(by_node[n] for n in order)}
             if not self.alive() or loop.time() > deadline:
                 return None
             await asyncio.sleep(0.02)
@@ -125,10 +141,12 @@ class SlurmLauncher:
     async def launch(self, request: LaunchRequest) -> SlurmStep:
         run_id = request.env["MARBLE_RUN_ID"]
         info_file = request.cwd / STEP_INFO
-        info_file.unlink(missing_ok=True)
+        nodes = (request.node, *(n for n, _ in request.others))
+        for rank in range(len(nodes)):
+            rank_file(info_file, rank).unlink(missing_ok=True)
         gpus = len(request.devices)
-        argv = srun_argv(self.allocation.job_id, request.node, gpus,
-                         self.cpus_for(request.node, gpus),
+        argv = srun_argv(self.allocation.job_id, nodes, gpus,
+                         min(self.cpus_for(n, gpus) for n in nodes),
                          f"marble-{request.env.get('MARBLE_JOB_ID', '')}.{run_id}", info_file,
                          request.argv, self.extra_args)
         env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
@@ -139,7 +157,7 @@ class SlurmLauncher:
                 *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=err, start_new_session=True)
         return SlurmStep(proc.pid, process_start_time(proc.pid), info_file, run_id,
-                         self.allocation.job_id, proc)
+                         self.allocation.job_id, nodes, proc)
 
     def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> SlurmStep:
         return SlurmStep(pid, pid_start, run_dir / STEP_INFO, str(run_id),

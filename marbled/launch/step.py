@@ -3,7 +3,8 @@
 It writes what only the inside of a step can see -- its step id, node and the
 GPUs Slurm gave it (SLURM_STEP_GPUS; `scontrol show step` does not list GPU
 indices) -- to INFO_FILE, then becomes ARGV (exec), so the training process is
-the step's top process and gets the step's signals.
+the step's top process and gets the step's signals. In a multi-node step every
+task (one per node) writes its own file: rank 0 INFO_FILE, rank r INFO_FILE.r.
 
 SIGTSTP is ignored across the exec, until the job installs its own handler: a
 suspension that arrives before the job can checkpoint should not stop the
@@ -17,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from marbled.worker.protocol import atomic_write_json
 
@@ -33,12 +35,19 @@ def step_info(env: dict[str, str]) -> dict:
     }
 
 
+def rank_file(info_file: str | Path, rank: int) -> Path:
+    """Where task `rank` of a multi-node step writes its info (rank 0: the file itself)."""
+    path = Path(info_file)
+    return path if rank == 0 else path.with_name(f"{path.stem}.{rank}{path.suffix}")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         sys.exit("usage: python -m marbled.launch.step INFO_FILE ARGV...")
     info_file, command = argv[0], argv[1:]
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
-    atomic_write_json(info_file, step_info(dict(os.environ)), durable=False)
+    atomic_write_json(rank_file(info_file, int(os.environ.get("SLURM_PROCID") or 0)),
+                      step_info(dict(os.environ)), durable=False)
     try:
         os.execvp(command[0], command)
     except OSError as exc:

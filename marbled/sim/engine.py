@@ -166,6 +166,9 @@ class Simulator:
                     or a.spec.steps is None:
                 raise SpecError("model", f"job {i}: the simulator needs a profiled model and "
                                          "a step count for every job")
+            if a.spec.nodes > 1:
+                raise SpecError("nodes", f"job {i}: the simulator models single-node jobs "
+                                         "(profiles have no multi-node curves)")
         names = [f"node{i}" for i in range(self.nodes)]
         state = State(nodes={n: Node(n, tuple(range(self.gpus_per_node))) for n in names})
         self.runs = []

@@ -33,7 +33,8 @@ SCHEMA_VERSION = 2
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    2: ("ALTER TABLE runs ADD COLUMN devices VARCHAR",),
+    2: ("ALTER TABLE runs ADD COLUMN devices VARCHAR",
+        "ALTER TABLE jobs ADD COLUMN nodes INTEGER NOT NULL DEFAULT 1"),
 }
 
 
@@ -52,7 +53,8 @@ class JobRow(Base):
     model: Mapped[str | None] = mapped_column(String(128))
     steps: Mapped[int | None] = mapped_column(Integer)
     gpus_request: Mapped[int | None] = mapped_column(Integer)  # NULL = auto
-    demand: Mapped[int] = mapped_column(Integer)  # optimal or requested GPU count
+    demand: Mapped[int] = mapped_column(Integer)  # optimal or requested GPU count (per node)
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     malleable: Mapped[bool] = mapped_column(Boolean)
     command: Mapped[list] = mapped_column(JSON)
     emulate: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -72,9 +74,10 @@ class RunRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     node: Mapped[str] = mapped_column(String(128))
+    # A multi-node run lists its nodes "n1,n2" and their slots "0,1,2;3,4,5" in that order.
     gpu_ids: Mapped[str] = mapped_column(String)  # comma list of GPU slots, e.g. "0,1,2"
     devices: Mapped[str | None] = mapped_column(String)  # the GPUs the run saw, if reported
-    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_count: Mapped[int] = mapped_column(Integer)  # on all its nodes
     role: Mapped[str] = mapped_column(String(16))
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
@@ -162,6 +165,18 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def placement_columns(parts) -> tuple[str, str]:
+    """The runs.node and runs.gpu_ids values of a run on `parts`: (node, GPU slots) pairs."""
+    return (",".join(node for node, _ in parts),
+            ";".join(",".join(map(str, gpus)) for _, gpus in parts))
+
+
+def placement_parts(node: str, gpu_ids: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Back from the runs.node and runs.gpu_ids values to (node, GPU slots) pairs."""
+    return [(n, tuple(int(g) for g in slots.split(",") if g))
+            for n, slots in zip(node.split(","), gpu_ids.split(";"), strict=True)]
 
 
 def migrate(path: Path) -> int | None:

@@ -68,10 +68,14 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
     saved = int((read_json(ckpt_path) or {}).get("step", 0))
     step = start = saved
     proto.restored(step)
-    log = open(args.step_log, "a") if args.step_log else None  # noqa: SIM115 (closed at exit)
+    # In a multi-node job every rank trains in step; rank 0 keeps the checkpoint and the log.
+    leader = proto.rank == 0
+    log = open(args.step_log, "a") if args.step_log and leader else None  # noqa: SIM115
 
     def save(at: int) -> None:
         nonlocal saved
+        if not leader:
+            return
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(ckpt_path, {"model": args.model, "step": at, "time": time.time()})
         saved = at

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import NoReturn
 
 ACK_FILE = "ack.json"
+# where launchers put a process's rank in a multi-node job (Slurm, Open MPI, PMIx, torchrun, jsrun)
+RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "JSM_NAMESPACE_RANK")
 SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
@@ -111,6 +113,7 @@ class JobProtocol:
     phases: dict[str, float] = field(default_factory=dict)  # start-up timeline of this run
     report_interval: float = 1.0  # seconds between progress reports
     waits_for_go: bool = False  # the job calls ready(): the broker may prestart its next run
+    rank: int = 0  # in a multi-node job, this process's rank; only rank 0 speaks for the job
     _last_report: float = field(default=0.0, repr=False)
 
     @classmethod
@@ -125,6 +128,7 @@ class JobProtocol:
             broker_pid=_int_env("MARBLE_BROKER_PID"),
             target_steps=_int_env("MARBLE_TARGET_STEPS"),
             gpus=_int_env("MARBLE_GPUS") or len(devices),
+            rank=next((int(env[v]) for v in RANK_VARS if env.get(v, "").isdigit()), 0),
         )
         with contextlib.suppress(ValueError):
             proto.phases["launch"] = float(env.get("MARBLE_LAUNCH_TIME", ""))
@@ -168,6 +172,10 @@ class JobProtocol:
         now = time.time()
         if self.run_dir is None or (not force and now - self._last_report < self.report_interval):
             return
+        if self.rank != 0:  # one process reports for a multi-node job
+            self._last_report = now
+            self._check_request()
+            return
         self._last_report = now
         if start_step is not None:
             self.start_step = start_step
@@ -178,6 +186,8 @@ class JobProtocol:
 
     def acknowledge(self, step: int, **detail) -> None:
         """The checkpoint at `step` is on disk: tell the broker, by marker and by SIGUSR1."""
+        if self.rank != 0:
+            return
         if self.run_dir is not None:
             atomic_write_json(
                 self.run_dir / ACK_FILE,
@@ -236,12 +246,14 @@ class JobProtocol:
                             saved_step: int | None = None, fast_exit: bool = True) -> NoReturn:
         """Save `step` (unless it is saved already), acknowledge, and exit.
 
+        In a multi-node job only rank 0 saves and acknowledges; the other ranks exit.
+
         With `fast_exit` the process ends with os._exit(0) right after the
         acknowledgement: interpreter teardown with a framework loaded takes about a
         second, and the broker waits for the exit before it reuses the GPUs.
         """
         t0 = time.time()
-        if saved_step != step:
+        if saved_step != step and self.rank == 0:
             save(step)
         self.acknowledge(step, save_seconds=time.time() - t0)
         sys.stdout.flush()

@@ -73,14 +73,21 @@ def test_what_is_not_a_running_allocation_is_refused_with_the_reason(text, messa
 
 
 def test_srun_line_pins_node_gpus_and_cpus_and_runs_the_step_shim():
-    argv = srun_argv("12", "n2", 3, 6, "marble-4.9", Path("/s/jobs/4/slurm-step.json"),
+    argv = srun_argv("12", ("n2",), 3, 6, "marble-4.9", Path("/s/jobs/4/slurm-step.json"),
                      ("python", "train.py"), ("--mem-per-gpu=8G",))
-    assert argv[:9] == ["srun", "--jobid=12", "--exact", "--nodes=1", "--ntasks=1",
-                        "--cpus-per-task=6", "--nodelist=n2", "--gpus=3",
-                        "--job-name=marble-4.9"]
-    assert argv[9] == "--mem-per-gpu=8G"
+    assert argv[:10] == ["srun", "--jobid=12", "--exact", "--nodes=1", "--ntasks=1",
+                         "--ntasks-per-node=1", "--cpus-per-task=6", "--nodelist=n2",
+                         "--gpus=3", "--job-name=marble-4.9"]
+    assert argv[10] == "--mem-per-gpu=8G"
     assert argv[-5:] == ["-m", "marbled.launch.step", "/s/jobs/4/slurm-step.json",
                          "python", "train.py"]
+
+
+def test_multi_node_srun_line_has_one_task_and_the_same_gpus_per_node():
+    argv = srun_argv("12", ("n1", "n3"), 2, 4, "marble-5.1", Path("i.json"), ("train",))
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n3",
+            "--gpus-per-node=2", "--cpus-per-task=4"} <= set(argv)
+    assert not any(a.startswith("--gpus=") for a in argv)
 
 
 @pytest.mark.parametrize("status, code", [(0, 0), (3, 3), (137, -9), (143, -15), (128, 128),

@@ -39,6 +39,7 @@ def _as_version_1(path) -> None:
     """Turn a current database back into what marbled with schema version 1 wrote."""
     con = sqlite3.connect(path)
     con.execute("ALTER TABLE runs DROP COLUMN devices")
+    con.execute("ALTER TABLE jobs DROP COLUMN nodes")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.commit()
     con.close()
@@ -61,7 +62,7 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     store = Store(path)
     (run,) = store.runs()
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
-    assert store.jobs()[0].step == 42
+    assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
     assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "2"
     store.close()
     assert migrate(path) == 2  # nothing left to do

@@ -65,6 +65,9 @@ def busy_daemon(daemon):
         ({"emulate": True, "model": "no-such-net", "steps": 5}, 400, "model", "known:"),
         ([1, 2], 400, "job", "must be an object"),
         ({"jobs": []}, 400, "jobs", "non-empty list"),
+        ({"gpus": 2, "command": ["true"], "nodes": 2}, 400, "nodes",
+         "asks for 2 nodes but there are 1"),
+        ({"gpus": 2, "command": ["true"], "nodes": 0}, 400, "nodes", "from 1"),
     ],
 )
 def test_bad_job_is_refused_with_a_message_naming_the_field(busy_daemon, doc, status, field,

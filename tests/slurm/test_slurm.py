@@ -266,3 +266,31 @@ def test_broker_killed_hard_readopts_its_job_steps(daemon_factory, allocate, tmp
     # the adopted secondary was promoted: suspended through scancel, resumed on 4 GPUs
     assert [r["end_reason"] for r in inc] == ["suspended", "done"]
     assert inc[1]["gpu_count"] == 4 and inc[0]["end_step"] == inc[1]["start_step"] > 0
+
+
+def test_two_node_job_runs_as_one_step_over_both_nodes_and_survives_a_suspension(
+        daemon_factory, allocate, tmp_path):
+    """--nodes 2: one step with a task and 3 GPUs on each node; a suspension reaches both
+    tasks, rank 0 checkpoints, and the resumed step carries on at the checkpointed step."""
+    job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
+    d = _broker(daemon_factory, job, time_scale=0.02)
+    log = tmp_path / "steps.log"
+    cmd = [sys.executable, "-m", "marbled.worker.emulate", "--time-scale", "0.02",
+           "--step-log", str(log)]
+    (gang,) = d.submit({"model": "resnet-50", "steps": 1200, "nodes": 2, "command": cmd})
+    assert (gang["nodes"], gang["demand"]) == (2, 3)
+    d.wait_for(lambda: d.jobs()[0]["step"] > 100, what="progress")
+    d.client.post(f"/v1/jobs/{gang['id']}/suspend")
+    (done,) = d.wait_all(timeout=120)
+    assert done["state"] == "done"
+    first, resumed = d.query("SELECT * FROM runs WHERE job_id = 1 ORDER BY id")
+    for run in (first, resumed):
+        assert (run["node"], run["gpu_count"], run["role"]) == ("n1,n2", 6, "primary")
+        per_node = run["devices"].split(";")  # what each task saw, in the run's node order
+        assert [len(d.split(",")) for d in per_node] == [3, 3]
+    assert first["end_reason"] == "suspended" and first["end_step"] > 100
+    assert first["end_step"] == resumed["start_step"] and resumed["end_step"] == 1200
+    # rank 0 alone logs steps: every step exactly once, none lost across the resume
+    assert [int(s) for s in log.read_text().split()] == list(range(1, 1201))
+    placed = _placed(d)
+    assert {p["node"] for p in placed.values()} == {"n1,n2"}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from marbled.core.model import Cancel, Job, JobState, State
+from marbled.core.model import Cancel, Job, JobState, Role, Start, State
 
 
 class Policy(Protocol):
@@ -45,3 +45,23 @@ def fifo_candidates(state: State, actions: list) -> Iterator[Job]:
             actions.append(Cancel(job.id, "a job it depends on failed or was cancelled"))
         elif status == "ready":
             yield job
+
+
+def take_nodes(free: dict[str, list[int]], count: int,
+               want: Callable[[str], int]) -> list[tuple[str, tuple[int, ...]]] | None:
+    """`want(node)` of the lowest free GPUs on each of the first `count` nodes that have
+    them, taken out of `free`; None (and `free` untouched) if fewer nodes have them."""
+    chosen = [n for n in free if len(free[n]) >= want(n)][:count]
+    if len(chosen) < count:
+        return None
+    parts = []
+    for n in chosen:
+        k = want(n)
+        parts.append((n, tuple(free[n][:k])))
+        free[n] = free[n][k:]
+    return parts
+
+
+def start_on(job: Job, parts: list[tuple[str, tuple[int, ...]]], role: Role) -> Start:
+    (node, gpus), *others = parts
+    return Start(job.id, node, gpus, role, tuple(others))

@@ -19,6 +19,9 @@ How we read the paper where it leaves room:
   otherwise a malleable job starts as secondary on all the free GPUs of the
   node with most free GPUs. A rigid job (explicit GPU count) that does not fit
   blocks the queue: we do not backfill past the head, to keep the FIFO order.
+* A job that asks for K nodes starts as a primary when K nodes each have its
+  GPU count free (the first such nodes); it never runs as a secondary, and
+  waiting for its nodes it blocks the queue like a rigid job.
 * A suspended job without a reservation (suspended at shutdown or after a
   broker restart) waits at its original FIFO position like a queued one.
 """
@@ -26,12 +29,13 @@ How we read the paper where it leaves room:
 from __future__ import annotations
 
 from marbled.core.model import Placement, Role, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.policy.base import fifo_candidates, start_on, take_nodes
 
 
 class MarblePolicy:
     name = "marble"
     promotes_secondaries = True  # the daemon may prestart their next runs
+    multi_node = True  # places jobs that ask for several nodes (as primaries)
 
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
@@ -54,16 +58,15 @@ class MarblePolicy:
 
         # run_multiple_jobs(), lines 14-21.
         for job in fifo_candidates(state, actions):
-            fits = [n for n in free if len(free[n]) >= job.demand]
-            if fits:
-                node, role, count = fits[0], Role.PRIMARY, job.demand
-            elif job.malleable and any(free.values()):
+            parts = take_nodes(free, job.nodes, lambda _node, job=job: job.demand)
+            if parts:
+                actions.append(start_on(job, parts, Role.PRIMARY))
+            elif job.malleable and job.nodes == 1 and any(free.values()):
                 node = max(free, key=lambda n: len(free[n]))
-                role, count = Role.SECONDARY, len(free[node])
+                gpus, free[node] = free[node], []
+                actions.append(Start(job.id, node, tuple(gpus), Role.SECONDARY))
             else:
                 break
-            gpus, free[node] = free[node][:count], free[node][count:]
-            actions.append(Start(job.id, node, tuple(gpus), role))
         return actions
 
     def next_decision(self, state: State, now: float) -> float | None:

@@ -6,26 +6,23 @@ node has the GPUs it asked for, and the jobs behind it wait too.
 
 from __future__ import annotations
 
-from marbled.core.model import Role, Start, State
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.model import Role, State
+from marbled.core.policy.base import fifo_candidates, start_on, take_nodes
 
 
 class RigidPolicy:
     name = "rigid"
+    multi_node = True  # a job on K nodes takes its GPUs on each of them
 
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, actions):
-            for name in free:
-                node = state.nodes[name]
-                want = job.demand if not job.malleable else node.size
-                if want <= len(free[name]):
-                    gpus, free[name] = free[name][:want], free[name][want:]
-                    actions.append(Start(job.id, name, tuple(gpus), Role.PRIMARY))
-                    break
-            else:
+            parts = take_nodes(free, job.nodes, lambda name, job=job: (
+                job.demand if not job.malleable else state.nodes[name].size))
+            if parts is None:
                 break  # strict FIFO: the head blocks the queue
+            actions.append(start_on(job, parts, Role.PRIMARY))
         return actions
 
     def next_decision(self, state: State, now: float) -> float | None:
