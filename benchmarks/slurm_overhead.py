@@ -1,0 +1,161 @@
+"""What running every run as a Slurm job step costs, against local processes.
+
+Needs the test cluster (`sudo tests/slurm/cluster.sh up`). For each launcher a
+broker runs one emulated job, suspends it --cycles times through the API (each
+time it checkpoints, exits, and is started again at once), then runs paper job
+set 3 (Figure 5). From the broker's SQLite log it prints medians of:
+
+  launch    the broker's decision (run row) -> the job's Python is running
+  signal    SIGTSTP asked -> the job's handler saw it (scancel under Slurm)
+  suspend   SIGTSTP asked -> the broker has the acknowledgement
+  relaunch  the old run's exit recorded -> the new run's decision
+  gap       SIGTSTP asked -> first step of the resumed run (GPUs idle)
+  makespan  job set 3 at --time-scale, in profiled seconds
+
+    .venv/bin/python benchmarks/slurm_overhead.py [--cycles 10] [--time-scale 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from marbled.cli.client import BrokerClient, wait_until_serving
+from marbled.paths import DB_NAME, socket_path
+from marbled.resources import PROJECT_ROOT, load_job_file
+
+
+def allocate() -> str:
+    done = subprocess.run(["salloc", "--no-shell", "--nodes=1", "--ntasks-per-node=1",
+                           "--cpus-per-task=12", "--gres=gpu:6"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return re.search(r"Granted job allocation (\d+)", done.stderr).group(1)
+
+
+def start(state: Path, launcher: str, time_scale: float, env: dict) -> subprocess.Popen:
+    args = ["--launcher", launcher, "--time-scale", str(time_scale),
+            "--monitor-interval", "0.1", "--prestart", "off"]
+    if launcher == "local":
+        args += ["--gpus", "6"]
+    state.mkdir(parents=True)
+    log = open(state / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir",
+                             str(state), *args], stdout=log, stderr=log, env=env)
+    wait_until_serving(BrokerClient(socket_path(state)), proc)
+    return proc
+
+
+def wait(predicate, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise RuntimeError("timed out")
+
+
+def cycles(client: BrokerClient, n: int) -> None:
+    """One emulated job alone on the node (primary, malleable), suspended `n` times."""
+    (job,) = client.post("/v1/jobs", {"model": "resnet-50", "steps": 10**9,
+                                      "emulate": True})["jobs"]
+    path, step = f"/v1/jobs/{job['id']}", 0
+    for i in range(n + 1):
+        view = wait(lambda i=i, step=step: (v := client.get(path))["state"] == "running"
+                    and len(v["runs"]) == i + 1 and v["step"] > step + 5 and v)
+        step = view["step"]
+        client.post(f"{path}/{'suspend' if i < n else 'cancel'}")
+    wait(lambda: client.get(path)["state"] == "cancelled")
+
+
+def figures(db: Path, scale: float) -> dict:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    events = [dict(r, data=json.loads(r["data"] or "null"))
+              for r in con.execute("SELECT * FROM events ORDER BY id")]
+    runs = {r["id"]: dict(r) for r in con.execute("SELECT * FROM runs")}
+    asked = {e["run_id"]: e["at"] for e in events if e["kind"] == "suspend-requested"}
+    out: dict[str, list[float]] = {k: [] for k in ("launch", "signal", "suspend", "relaunch",
+                                                   "gap")}
+    for e in events:
+        phases = (e["data"] or {}).get("phases") if e["run_id"] else None
+        if phases and "python" in phases:
+            out["launch"].append(phases["python"] - runs[e["run_id"]]["started_at"])
+        if e["kind"] == "acknowledged" and e["run_id"] in asked:
+            out["suspend"].append(e["at"] - asked[e["run_id"]])
+        if e["kind"] == "suspended" and e["run_id"] in asked:
+            later = [r for r in runs.values() if r["job_id"] == e["job_id"]
+                     and r["id"] > e["run_id"]]
+            if later:
+                out["relaunch"].append(min(r["started_at"] for r in later) - e["at"])
+    for e in events:  # the signal's arrival and the resumed run's first step
+        if e["kind"] == "acknowledged" and e["run_id"] in asked and e["data"].get("latency"):
+            seen = e["at"] - e["data"]["latency"]
+            out["signal"].append(seen - asked[e["run_id"]])
+        phases = (e["data"] or {}).get("phases") if e["run_id"] else None
+        if phases and "first_step" in phases:
+            before = [r for r in asked if runs[r]["job_id"] == e["job_id"] and r < e["run_id"]]
+            if before:
+                out["gap"].append(phases["first_step"] - asked[max(before)])
+    con.close()
+    return {k: statistics.median(v) if v else None for k, v in out.items()} | {
+        "n": len(out["suspend"])}
+
+
+def makespan(client: BrokerClient, scale: float) -> float:
+    specs = load_job_file(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")
+    ids = [j["id"] for j in client.post("/v1/jobs", {"jobs": [s.to_mapping() for s in specs]})
+           ["jobs"]]
+    wait(lambda: all(client.get(f"/v1/jobs/{i}")["state"] == "done" for i in ids), 300)
+    runs = [r for r in client.get("/v1/runs")["runs"] if r["job_id"] in ids]
+    return (max(r["ended_at"] for r in runs) - min(r["started_at"] for r in runs)) / scale
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--time-scale", type=float, default=0.02)
+    args = ap.parse_args()
+    rows = {}
+    for launcher in ("local", "slurm"):
+        job = allocate() if launcher == "slurm" else None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        if job:
+            env["SLURM_JOB_ID"] = job
+        with tempfile.TemporaryDirectory(prefix="marble-slurm-bench-") as tmp:
+            state = Path(tmp) / "state"
+            proc = start(state, launcher, args.time_scale, env)
+            client = BrokerClient(socket_path(state))
+            try:
+                cycles(client, args.cycles)
+                span = makespan(client, args.time_scale)
+                client.post("/v1/shutdown")
+                proc.wait(timeout=120)
+                rows[launcher] = figures(state / DB_NAME, args.time_scale) | {"makespan": span}
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                if job:
+                    subprocess.run(["scancel", job], check=False)
+    keys = ("launch", "signal", "suspend", "relaunch", "gap")
+    n = rows["slurm"]["n"]
+    print(f"medians over {n} suspensions ({args.cycles} by the API, the rest job set 3's "
+          "promotions), in seconds; job set 3 makespan in profiled seconds")
+    print(f"{'launcher':<9}" + "".join(f"{k:>10}" for k in keys) + f"{'makespan':>10}")
+    for name, r in rows.items():
+        print(f"{name:<9}" + "".join(f"{r[k]:>10.3f}" if r[k] is not None else f"{'-':>10}"
+                                     for k in keys) + f"{r['makespan']:>10.0f}")
+    print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
