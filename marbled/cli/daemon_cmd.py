@@ -19,11 +19,24 @@ from marbled.core.profiles import ProfileError
 from marbled.daemon.broker import BrokerConfig
 from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
 from marbled.daemon.main import StartupError, local_node_name, serve
+from marbled.launch.jsrun import JsrunLauncher
 from marbled.launch.slurm import SlurmLauncher
+from marbled.lsf_allocation import lsf_allocation
 from marbled.paths import default_state_dir, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later -- here, in the next allocation
+# launcher -> (batch system, allocation discovery, launcher class)
+BATCH_LAUNCHERS = {"slurm": ("Slurm", slurm_allocation, SlurmLauncher),
+                   "jsrun": ("LSF", lsf_allocation, JsrunLauncher)}
+
+
+def _auto_launcher(emulated_gpus: int | None) -> str:
+    if emulated_gpus is None and os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
+        return "slurm"
+    if emulated_gpus is None and os.environ.get("LSB_JOBID") and shutil.which("jsrun"):
+        return "jsrun"
+    return "local"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,24 +74,25 @@ EX_TEMPFAIL = 75  # sysexits.h: try again later -- here, in the next allocation
                    "framework import is done by then: 'ahead' keeps one waiting for each "
                    "running secondary (the jobs MARBLE promotes), 'suspend' starts it at "
                    "the suspension. Only for jobs that call JobProtocol.ready().")
-@click.option("--launcher", type=click.Choice(["auto", "local", "slurm"]), default="auto",
-              show_default=True,
+@click.option("--launcher", type=click.Choice(["auto", "local", "slurm", "jsrun"]),
+              default="auto", show_default=True,
               help="How runs start: 'slurm' as job steps (srun) on the allocation's nodes and "
-                   "GPUs, 'local' as processes here. auto: slurm inside a Slurm allocation "
-                   "(unless --gpus), else local.")
+                   "GPUs, 'jsrun' as LSF/JSM resource sets (contrib/lsf), 'local' as "
+                   "processes here. auto: slurm inside a Slurm allocation, jsrun inside an "
+                   "LSF one with jsrun on PATH, else local (always local with --gpus).")
 @click.option("--drain-before", type=click.FloatRange(min=0), default=120.0, show_default=True,
               help="Under Slurm: seconds before the allocation's end at which every job is "
                    "suspended to its checkpoint and the broker stops.")
-@click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG",
-              help="Extra srun option for every job step (repeatable), e.g. "
-                   "--srun-arg=--mem-per-gpu=16G.")
+@click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
+              help="Extra srun/jsrun option for every run (repeatable), e.g. "
+                   "--step-arg=--mem-per-gpu=16G.")
 @click.option("--detach", is_flag=True,
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
 def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
          kill_timeout,
-         monitor_interval, prestart, launcher, drain_before, srun_args, detach, log_level):
+         monitor_interval, prestart, launcher, drain_before, step_args, detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -102,20 +116,20 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
     """
     state_dir = (state_dir or default_state_dir()).absolute()
     if launcher == "auto":
-        launcher = ("slurm" if emulated_gpus is None and os.environ.get("SLURM_JOB_ID")
-                    and shutil.which("srun") else "local")
+        launcher = _auto_launcher(emulated_gpus)
     try:
         profile_path = find_profile(profile)
         book = load_profile(str(profile_path))
-        if launcher == "slurm":
+        if launcher in BATCH_LAUNCHERS:
             if emulated_gpus is not None:
                 raise GpuDiscoveryError("--gpus (emulated GPUs) needs --launcher local")
-            allocation = slurm_allocation()
+            system, discover, launcher_class = BATCH_LAUNCHERS[launcher]
+            allocation = discover()
             nodes = {n: d for n, d in allocation.nodes.items() if d}
             if not nodes:
-                raise GpuDiscoveryError(f"Slurm job {allocation.job_id} has no GPUs; "
-                                        "ask for them with --gres=gpu:N or --gpus-per-node=N")
-            source = f"Slurm job {allocation.job_id}"
+                raise GpuDiscoveryError(f"{system} job {allocation.job_id} has no GPUs; "
+                                        "ask for GPUs in the batch script")
+            source = f"{system} job {allocation.job_id}"
         else:
             devices, source = discover_gpus(emulated_gpus)
             nodes = {local_node_name(): devices}
@@ -135,13 +149,17 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
         monitor_interval=monitor_interval, prestart=prestart, broker_node=local_node_name(),
     )
     runner = None
-    if launcher == "slurm":
+    if launcher in BATCH_LAUNCHERS:
         # A step's GPUs are fixed when it starts, so a prestarted process could not take
-        # over the next run's GPUs: under Slurm every run starts when its GPUs are free.
+        # over the next run's GPUs: in a batch system every run starts when its GPUs are free.
+        # Slurm names the batch script's node in its environment (under salloc there is
+        # none: the broker is on no node of the job); an LSF batch script runs on the
+        # first host, the launch node on Summit.
+        here = (os.environ.get("SLURMD_NODENAME") if launcher == "slurm"
+                else allocation.batch_node)
         config = replace(config, prestart="off", end_time=allocation.end_time,
-                         drain_before=drain_before,
-                         broker_node=os.environ.get("SLURMD_NODENAME"))
-        runner = SlurmLauncher(allocation, tuple(srun_args))
+                         drain_before=drain_before, broker_node=here)
+        runner = launcher_class(allocation, tuple(step_args))
         for node, devices in nodes.items():
             if allocation.cpus.get(node, 0) < len(devices):
                 logging.getLogger("marbled").warning(

@@ -1,9 +1,10 @@
-"""`python -m marbled.launch.step INFO_FILE ARGV...`: the first program of every Slurm job step.
+"""`python -m marbled.launch.step INFO_FILE ARGV...`: the first program of every job step.
 
 It writes what only the inside of a step can see -- its step id, node and the
-GPUs Slurm gave it (SLURM_STEP_GPUS; `scontrol show step` does not list GPU
-indices) -- to INFO_FILE, then becomes ARGV (exec), so the training process is
-the step's top process and gets the step's signals. In a multi-node step every
+GPUs the batch system gave it (Slurm: SLURM_STEP_GPUS, which `scontrol show
+step` does not list; LSF jsrun: CUDA_VISIBLE_DEVICES) -- to INFO_FILE, then
+becomes ARGV (exec), so the training process is the step's top process and gets
+the step's signals. In a multi-node step every
 task (one per node) writes its own file: rank 0 INFO_FILE, rank r INFO_FILE.r.
 
 SIGTSTP is ignored across the exec, until the job installs its own handler: a
@@ -20,7 +21,7 @@ import socket
 import sys
 from pathlib import Path
 
-from marbled.worker.protocol import atomic_write_json
+from marbled.worker.protocol import RANK_VARS, atomic_write_json
 
 
 def step_info(env: dict[str, str]) -> dict:
@@ -28,7 +29,7 @@ def step_info(env: dict[str, str]) -> dict:
         "run_id": env.get("MARBLE_RUN_ID"),
         "job_id": env.get("SLURM_JOB_ID"),
         "step_id": env.get("SLURM_STEP_ID"),
-        "node": env.get("SLURMD_NODENAME"),
+        "node": env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
         "host": socket.gethostname(),
         "gpus": env.get("SLURM_STEP_GPUS", env.get("CUDA_VISIBLE_DEVICES", "")),
         "pid": os.getpid(),
@@ -46,8 +47,8 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m marbled.launch.step INFO_FILE ARGV...")
     info_file, command = argv[0], argv[1:]
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
-    atomic_write_json(rank_file(info_file, int(os.environ.get("SLURM_PROCID") or 0)),
-                      step_info(dict(os.environ)), durable=False)
+    rank = next((int(os.environ[v]) for v in RANK_VARS if os.environ.get(v, "").isdigit()), 0)
+    atomic_write_json(rank_file(info_file, rank), step_info(dict(os.environ)), durable=False)
     try:
         os.execvp(command[0], command)
     except OSError as exc:

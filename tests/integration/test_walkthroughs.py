@@ -9,21 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from marbled.resources import PROJECT_ROOT, load_job_file
+from tests.scenarios import jobset, runs_by_job
 
 pytestmark = pytest.mark.daemon
-
-
-def _jobset(n: int) -> list[dict]:
-    path = PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml"
-    return [s.to_mapping() for s in load_job_file(path)]
-
-
-def _runs_by_job(daemon) -> dict[int, list]:
-    out: dict[int, list] = {}
-    for r in daemon.runs():
-        out.setdefault(r["job_id"], []).append(r)
-    return out
 
 
 def _gpus(run) -> set[int]:
@@ -33,10 +21,10 @@ def _gpus(run) -> set[int]:
 def test_figure5_scenario_on_emulated_gpus(daemon):
     """Figure 5: ResNet-50 primary on 3, Inception-v3 secondary on 3, promoted to 4 when
     ResNet-50 ends, VGG-16 secondary on the remaining 2."""
-    daemon.submit(*_jobset(3))
+    daemon.submit(*jobset(3))
     jobs = daemon.wait_all(timeout=60)
     assert [j["state"] for j in jobs] == ["done"] * 3
-    runs = _runs_by_job(daemon)
+    runs = runs_by_job(daemon)
 
     (r50,) = runs[1]
     assert (r50["role"], r50["gpu_count"], r50["end_reason"]) == ("primary", 3, "done")
@@ -61,10 +49,10 @@ def test_figure5_scenario_on_emulated_gpus(daemon):
 def test_jobset2_walkthrough_on_emulated_gpus(daemon):
     """Section VII-B1: Inception-v3 primary on 4, ResNet-50 secondary on 2, then ResNet-101
     secondary on 2, suspended when Inception-v3 ends and resumed on 3."""
-    daemon.submit(*_jobset(2))
+    daemon.submit(*jobset(2))
     jobs = daemon.wait_all(timeout=60)
     assert [j["state"] for j in jobs] == ["done"] * 3
-    runs = _runs_by_job(daemon)
+    runs = runs_by_job(daemon)
 
     (inc,) = runs[1]
     assert (inc["role"], inc["gpu_count"], inc["end_reason"]) == ("primary", 4, "done")
@@ -86,7 +74,7 @@ def test_jobset2_walkthrough_on_emulated_gpus(daemon):
 def test_rigid_policy_runs_each_job_on_all_gpus_in_order(daemon_factory):
     """The LSF baseline: every job on all 6 GPUs, one after the other, in FIFO order."""
     daemon = daemon_factory("--policy", "rigid")
-    daemon.submit(*_jobset(1))
+    daemon.submit(*jobset(1))
     daemon.wait_all(timeout=60)
     runs = daemon.runs()
     assert [r["job_id"] for r in runs] == [1, 2, 3]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,33 +18,23 @@ from pathlib import Path
 import pytest
 
 from marbled.allocation import slurm_allocation
-from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
 from marbled.resources import PROJECT_ROOT
-from tests.integration.test_walkthroughs import _jobset, _runs_by_job
+from tests.scenarios import (
+    JOBS,
+    JOBSET3_DONE,
+    check_no_gpu_shared,
+    db_rows,
+    jobset,
+    run_figure5,
+    training,
+)
 from tests.slurm.conftest import slurm_job_state, wait_slurm_job
 
 pytestmark = pytest.mark.slurm
 
 ONE_NODE = ("--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
-
-
-def _devices(run) -> set[str]:
-    assert run["devices"], f"run {run['id']} never reported its GPUs"
-    return set(run["devices"].split(","))
-
-
-def _overlap(a, b) -> bool:
-    return a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
-
-
-def _assert_no_gpu_shared(runs) -> None:
-    """Runs at the same time on the same node hold disjoint GPUs, as the steps saw them."""
-    for a in runs:
-        assert len(_devices(a)) == a["gpu_count"]
-        for b in runs:
-            if a["id"] < b["id"] and a["node"] == b["node"] and _overlap(a, b):
-                assert _devices(a).isdisjoint(_devices(b)), (dict(a), dict(b))
 
 
 def _placed(daemon) -> dict[int, dict]:
@@ -77,24 +66,7 @@ def test_figure5_through_real_job_steps(daemon_factory, allocate):
     on 3 then promoted to 4 (a new step), VGG-16 secondary on 2; GPU sets from the steps."""
     job = allocate(*ONE_NODE)
     d = _broker(daemon_factory, job)
-    assert {n: len(v["gpus"]) for n, v in d.client.get("/v1/status")["nodes"].items()} \
-        == {"n1": 6}
-    d.submit(*_jobset(3))
-    jobs = d.wait_all(timeout=120)
-    assert [j["state"] for j in jobs] == ["done"] * 3
-    runs = _runs_by_job(d)
-    (r50,) = runs[1]
-    assert (r50["role"], r50["gpu_count"]) == ("primary", 3)
-    inc_first, inc_resumed = runs[2]
-    assert (inc_first["role"], inc_first["gpu_count"], inc_first["end_reason"]) == (
-        "secondary", 3, "suspended")
-    assert (inc_resumed["role"], inc_resumed["gpu_count"]) == ("primary", 4)
-    assert 0 < inc_first["end_step"] == inc_resumed["start_step"]
-    assert inc_resumed["end_step"] == 2000
-    assert (runs[3][0]["role"], runs[3][0]["gpu_count"]) == ("secondary", 2)
-    assert runs[3][-1]["end_step"] == 800
-    all_runs = d.runs()
-    _assert_no_gpu_shared(all_runs)
+    all_runs = run_figure5(d, "n1")
     placed = _placed(d)
     assert set(placed) == {r["id"] for r in all_runs}  # every run reported from its step
     assert len({p["step"] for p in placed.values()}) == len(all_runs)  # one step per run
@@ -109,7 +81,7 @@ def test_two_node_allocation_runs_jobs_on_both_nodes(daemon_factory, allocate):
     job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
     d = _broker(daemon_factory, job)
     assert sorted(d.client.get("/v1/status")["nodes"]) == ["n1", "n2"]
-    d.submit(*_jobset(4))
+    d.submit(*jobset(4))
     jobs = d.wait_all(timeout=180)
     assert [j["state"] for j in jobs] == ["done"] * 5
     runs = d.runs()
@@ -117,7 +89,7 @@ def test_two_node_allocation_runs_jobs_on_both_nodes(daemon_factory, allocate):
     placed = _placed(d)
     for run in runs:
         assert placed[run["id"]]["node"] == run["node"]  # SLURMD_NODENAME inside the step
-    _assert_no_gpu_shared(runs)
+    check_no_gpu_shared(runs)
     acks = [json.loads(r["data"]) for r in d.query(
         "SELECT data FROM events WHERE kind = 'acknowledged'")]
     assert acks and all(a["via"] == "marker" for a in acks)
@@ -131,7 +103,7 @@ def test_allocation_end_suspends_all_and_a_new_allocation_finishes(daemon_factor
     first_job = allocate(*ONE_NODE, "--nodelist=n1", "--time=1")
     first = _broker(daemon_factory, first_job, "--drain-before", "50", state_dir=state,
                     time_scale=0.05)
-    first.submit(*_jobset(3))
+    first.submit(*jobset(3))
     assert first.proc.wait(timeout=90) == 75, first.log()
     drain = first.query("SELECT data FROM events WHERE kind = 'drain'")
     assert "the allocation ends" in json.loads(drain[0]["data"])["reason"]
@@ -154,21 +126,10 @@ def test_allocation_end_suspends_all_and_a_new_allocation_finishes(daemon_factor
     assert {r["node"] for r in second.runs() if r["id"] > last_first_run} == {"n2"}
 
 
-def _training(broker: BrokerClient) -> bool:
-    """True once two jobs run and have trained some steps."""
-    try:
-        jobs = broker.get("/v1/jobs")["jobs"]
-    except (BrokerUnreachable, OSError):
-        return False
-    return sum(j["state"] == "running" and j["step"] > 20 for j in jobs) >= 2
-
-
-JOBS = "SELECT id, state, step FROM jobs ORDER BY id"
-
-
 def _sbatch(script: str, tmp_path: Path, *args: str, opts: str = "") -> str:
     env = {**os.environ, "MARBLE_STATE_DIR": str(tmp_path / "state"),
            "MARBLED_OPTS": f"--time-scale 0.01 --monitor-interval 0.1 {opts}",
+           "MARBLE_WAIT_INTERVAL": "0.5",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     done = subprocess.run(
         ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", *args,
@@ -180,18 +141,13 @@ def _sbatch(script: str, tmp_path: Path, *args: str, opts: str = "") -> str:
 
 
 def _db(tmp_path: Path, sql: str) -> list[tuple]:
-    con = sqlite3.connect(tmp_path / "state" / "marble.db")
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
+    return db_rows(tmp_path / "state" / "marble.db", sql)
 
 def test_marble_sbatch_runs_a_job_set_to_the_end(tmp_path, slurm_cluster):
     job = _sbatch("marble.sbatch", tmp_path)
     assert wait_slurm_job(job, timeout=120) == "COMPLETED", \
         (tmp_path / f"slurm-{job}.out").read_text()
-    assert _db(tmp_path, JOBS) == [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
+    assert _db(tmp_path, JOBS) == JOBSET3_DONE
 
 
 def test_chain_sbatch_survives_the_end_warning_and_resubmits_itself(tmp_path, slurm_cluster):
@@ -202,7 +158,7 @@ def test_chain_sbatch_survives_the_end_warning_and_resubmits_itself(tmp_path, sl
     out = tmp_path / f"slurm-{first}.out"
     broker = BrokerClient(socket_path(tmp_path / "state"), timeout=5)
     deadline = time.monotonic() + 60
-    while not _training(broker):
+    while not training(broker):
         assert slurm_job_state(first) in ("PENDING", "RUNNING", "CONFIGURING"), out.read_text()
         assert time.monotonic() < deadline, "no job trained in the first allocation"
         time.sleep(0.2)
@@ -218,7 +174,7 @@ def test_chain_sbatch_survives_the_end_warning_and_resubmits_itself(tmp_path, sl
     assert "SIGUSR2" in json.loads(first_drain[0])["reason"]
     suspended = _db(tmp_path, "SELECT job_id, end_step FROM runs WHERE end_reason = 'suspended'")
     assert len(suspended) >= 2 and all(step > 20 for _, step in suspended)
-    assert _db(tmp_path, JOBS) == [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
+    assert _db(tmp_path, JOBS) == JOBSET3_DONE
 
 
 def test_job_step_ignoring_sigtstp_is_stopped_through_scancel(daemon_factory, allocate,

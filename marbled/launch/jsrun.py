@@ -1,0 +1,195 @@
+"""Run every job run as an LSF Job Step Manager resource set (jsrun), Summit style (CSM/JSM).
+
+    jsrun --nrs 1 --tasks_per_rs 1 --cpu_per_rs C --gpu_per_rs K --rs_per_host 1 --bind rs \
+          python -m marbled.launch.step INFO_FILE <the job's command>
+
+(a run on N hosts: --nrs N, still one set with one task on each host.)
+
+- One resource set with one task, C cores and K GPUs (`-n/-a/-c/-g/-r`, IBM's jsrun
+  command and OLCF's "Common jsrun Options"). `--bind rs` binds the task to all
+  cores of its set: the default, packed:1, binds it to one core.
+  https://ibm.com/support/knowledgecenter/SSWRJV_10.1.0/jsm/jsrun.html
+  https://docs.olcf.ornl.gov/systems/summit_user_guide.html#job-launcher-jsrun
+- Concurrent jsruns of one job (backgrounded, as the broker runs them) "will not
+  share core/gpu resources" (OLCF, "Simultaneous Job Steps"); JSM picks the GPUs
+  and sets CUDA_VISIBLE_DEVICES inside the set, which the step writes to its info
+  file, as nothing outside the set can see it.
+- jsrun has no option naming the host of a resource set. The documented way to
+  place one is an Explicit Resource File (`--erf_input FILE`): a preamble and one
+  line per rank, `rank: R: { host: NAME; cpu: {PUs}; gpu: {GPUs} }`, hosts "by
+  logical or actual hostname", CPUs as hardware threads (with `cpu_index_using:
+  logical`, 0..cores*SMT-1 with the isolated cores skipped).
+  https://www.ibm.com/support/knowledgecenter/en/SSWRJV_10.1.0/jsm/erf_format.html
+  https://github.com/olcf-tutorials/ERF-CPU-Indexing
+  With several compute hosts the launcher writes one (placement "erf"): the run gets
+  the host and the very GPUs the broker chose, and the cores that go with them
+  (each GPU its share of the host's cores). With one host nothing needs placing
+  and the plain options are used (placement "rs"). NOTE: OLCF's Summit guide warns
+  that "a known bug is currently preventing execution of most ERF use cases": on
+  such a system use one compute host per allocation, or placement="rs" (JSM then
+  picks the host, and the broker's per-host bookkeeping is only advisory).
+- Signals go to the jsrun process, which forwards them: jsrun "provides features
+  for stdio management, signal propagation, and task termination cleanup" (IBM,
+  jsrun command). `jskill --signal SIG STEP` (IBM, jskill command) needs the JSM
+  step id, which only the inside of the step knows and the step shim does not
+  record. jsrun runs in its own session, an orphaned process group, where a
+  SIGTSTP jsrun does not catch is discarded rather than stopping it; and a
+  SIGTSTP that does not reach the job is not lost: the job finds the broker's
+  suspend.json at its next progress report (marbled.worker.protocol).
+  https://www.ibm.com/support/knowledgecenter/en/SSWRJV_10.1.0/jsm/jskill.html
+- A run on several hosts is one resource set (one task) on each: `--nrs N
+  --rs_per_host 1`, or one ERF line per host. Each task's step shim writes its
+  info file by rank (marbled.launch.step.rank_file); jsrun numbers the tasks in
+  JSM_NAMESPACE_RANK (see Lightning's LSFEnvironment), which the shim must read
+  for the ranks' files to differ.
+- The jsrun process is the broker's child; its exit status is the job's, 128+N
+  for a task ended by signal N as for srun (marbled.launch.slurm.exit_code).
+- The environment of jsrun reaches the task (OLCF: `export OMP_NUM_THREADS=16`
+  in the job script instead of `jsrun -E`), so the MARBLE_* variables need no -E.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from marbled.allocation import Allocation
+from marbled.launch.base import LaunchRequest
+from marbled.launch.local import process_start_time
+from marbled.launch.slurm import SlurmLauncher, SlurmStep
+from marbled.launch.step import rank_file
+
+log = logging.getLogger("marbled")
+
+STEP_INFO = "jsrun-step.json"
+ERF_NAME = "jsrun.erf"
+SUMMIT_SMT = 4  # Summit's default SMT level (bsub -alloc_flags smtN changes it)
+PLACEMENTS = ("auto", "rs", "erf")
+
+
+def jsrun_argv(gpus: int, cpus: int, info_file: Path, command: tuple[str, ...],
+               extra: tuple[str, ...] = (), erf_file: Path | None = None,
+               hosts: int = 1) -> list[str]:
+    """The jsrun command line of one run: a resource set of `cpus` cores and `gpus` GPUs with
+    one task on each of `hosts` hosts, or the resource sets of `erf_file`."""
+    if erf_file is not None:
+        shape = ["--erf_input", str(erf_file)]
+    else:
+        shape = ["--nrs", str(hosts), "--tasks_per_rs", "1", "--cpu_per_rs", str(cpus),
+                 "--gpu_per_rs", str(gpus), "--rs_per_host", "1", "--bind", "rs"]
+    return ["jsrun", *shape, *extra,
+            sys.executable, "-m", "marbled.launch.step", str(info_file), *command]
+
+
+def cpu_threads(positions: list[int], cores_per_gpu: int, smt: int) -> list[tuple[int, int]]:
+    """Logical hardware-thread ranges (first, last) of the cores that go with the GPUs at
+    `positions` on their host: GPU i has cores i*cores_per_gpu .. (i+1)*cores_per_gpu-1."""
+    ranges: list[tuple[int, int]] = []
+    for i in sorted(positions):
+        first, last = i * cores_per_gpu * smt, (i + 1) * cores_per_gpu * smt - 1
+        if ranges and ranges[-1][1] + 1 == first:
+            ranges[-1] = (ranges[-1][0], last)
+        else:
+            ranges.append((first, last))
+    return ranges
+
+
+def erf_text(sets: list[tuple[str, tuple[str, ...], list[tuple[int, int]]]]) -> str:
+    """An Explicit Resource File with rank r on host, GPUs and hardware threads sets[r]."""
+    lines = ["cpu_index_using: logical"]
+    for rank, (host, gpus, threads) in enumerate(sets):
+        cpu = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in threads)
+        lines.append(f"rank: {rank}: {{ host: {host}; cpu: {{{cpu}}}; "
+                     f"gpu: {{{','.join(gpus)}}} }}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class JsrunStep(SlurmStep):
+    """One run: watched through its jsrun process (as a Slurm step through srun), signalled
+    through it too."""
+
+    def signal(self, sig: int) -> bool:
+        """Send `sig` to jsrun, which passes it to the task; False if the run has ended."""
+        if not self.alive():
+            return False
+        if sig:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                return False
+        return True
+
+
+class JsrunLauncher:
+    """Runs as jsrun resource sets inside the LSF allocation `allocation`.
+
+    placement: "rs" (resource-set options, JSM picks host and GPUs), "erf" (an
+    Explicit Resource File per run with the broker's host, GPUs and their cores),
+    "auto" (erf with several compute hosts, else rs). `smt`: hardware threads per
+    core for the ERF CPU ranges. `extra_args`: more jsrun options for every run,
+    e.g. ("--smpiargs=off",) for jobs that do not use Spectrum MPI.
+    """
+
+    name = "jsrun"
+    cpus_for = SlurmLauncher.cpus_for  # the node's cores shared in proportion to GPUs
+
+    def __init__(self, allocation: Allocation, extra_args: tuple[str, ...] = (),
+                 placement: str = "auto", smt: int = SUMMIT_SMT):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, "
+                             f"not {placement!r}")
+        if smt < 1:
+            raise ValueError(f"smt must be at least 1, not {smt}")
+        self.allocation = allocation
+        self.extra_args = tuple(extra_args)
+        self.smt = smt
+        if placement == "auto":
+            placement = "erf" if len(allocation.nodes) > 1 else "rs"
+        self.placement = placement
+        if placement == "rs" and len(allocation.nodes) > 1:
+            log.warning("jsrun without resource files: JSM picks the host of every run, "
+                        "not the broker")
+
+    def erf_for(self, parts: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+        """The Explicit Resource File that puts a run's task r on host parts[r][0] with GPUs
+        parts[r][1], and the cores that go with them."""
+        sets = []
+        for node, devices in parts:
+            node_gpus = self.allocation.nodes[node]
+            positions = [node_gpus.index(d) for d in devices]
+            cores_per_gpu = max(1, self.allocation.cpus.get(node, 1) // max(1, len(node_gpus)))
+            sets.append((node, devices, cpu_threads(positions, cores_per_gpu, self.smt)))
+        return erf_text(sets)
+
+    async def launch(self, request: LaunchRequest) -> JsrunStep:
+        run_id = request.env["MARBLE_RUN_ID"]
+        info_file = request.cwd / STEP_INFO
+        parts = ((request.node, request.devices), *request.others)
+        nodes = tuple(n for n, _ in parts)
+        for rank in range(len(nodes)):
+            rank_file(info_file, rank).unlink(missing_ok=True)
+        gpus = len(request.devices)
+        erf_file = None
+        if self.placement == "erf":
+            erf_file = request.cwd / ERF_NAME
+            erf_file.write_text(self.erf_for(parts))
+        argv = jsrun_argv(gpus, min(self.cpus_for(n, gpus) for n in nodes), info_file,
+                          request.argv, self.extra_args, erf_file, len(nodes))
+        env = {**os.environ, **request.env}
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # JSM sets it inside the resource set
+        with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True)
+        return JsrunStep(pid=proc.pid, pid_start=process_start_time(proc.pid),
+                         info_file=info_file, run_id=run_id, job_id=self.allocation.job_id,
+                         nodes=nodes, process=proc)
+
+    def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> JsrunStep:
+        return JsrunStep(pid=pid, pid_start=pid_start, info_file=run_dir / STEP_INFO,
+                         run_id=str(run_id), job_id=self.allocation.job_id)

@@ -1,0 +1,88 @@
+"""Scenarios and checks shared by the tiers that run the paper's walk-throughs for real
+(emulated GPUs, real Slurm job steps, LSF stand-ins)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.resources import PROJECT_ROOT, load_job_file
+
+# paper job set 3 (Figure 5), every job done at exactly its steps
+JOBSET3_DONE = [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
+JOBS = "SELECT id, state, step FROM jobs ORDER BY id"
+
+
+def jobset(n: int) -> list[dict]:
+    path = PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml"
+    return [s.to_mapping() for s in load_job_file(path)]
+
+
+def runs_by_job(daemon) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for r in daemon.runs():
+        out.setdefault(r["job_id"], []).append(r)
+    return out
+
+
+def check_figure5(daemon) -> None:
+    """Job set 3 ended as Figure 5 draws it: ResNet-50 primary on 3, Inception-v3 secondary
+    on 3 then promoted to 4 at its checkpointed step, VGG-16 secondary on 2 to its end."""
+    runs = runs_by_job(daemon)
+    (r50,) = runs[1]
+    assert (r50["role"], r50["gpu_count"]) == ("primary", 3)
+    inc_first, inc_resumed = runs[2]
+    assert (inc_first["role"], inc_first["gpu_count"], inc_first["end_reason"]) == (
+        "secondary", 3, "suspended")
+    assert (inc_resumed["role"], inc_resumed["gpu_count"]) == ("primary", 4)
+    assert 0 < inc_first["end_step"] == inc_resumed["start_step"]
+    assert inc_resumed["end_step"] == 2000
+    assert (runs[3][0]["role"], runs[3][0]["gpu_count"]) == ("secondary", 2)
+    assert runs[3][-1]["end_step"] == 800
+
+
+def run_figure5(daemon, node: str, timeout: float = 120.0) -> list:
+    """Job set 3 through `daemon`, whose only node is `node` (6 GPUs): every job done, the
+    Figure 5 schedule, no GPU shared as the runs saw them. The runs, for more checks."""
+    nodes = daemon.client.get("/v1/status")["nodes"]
+    assert {n: len(v["gpus"]) for n, v in nodes.items()} == {node: 6}
+    daemon.submit(*jobset(3))
+    jobs = daemon.wait_all(timeout=timeout)
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    check_figure5(daemon)
+    runs = daemon.runs()
+    check_no_gpu_shared(runs)
+    return runs
+
+
+def devices(run) -> set[str]:
+    assert run["devices"], f"run {run['id']} never reported its GPUs"
+    return set(run["devices"].split(","))
+
+
+def check_no_gpu_shared(runs) -> None:
+    """Runs at the same time on the same node held disjoint GPUs, as the runs saw them."""
+    for a in runs:
+        assert len(devices(a)) == a["gpu_count"]
+        for b in runs:
+            if a["id"] < b["id"] and a["node"] == b["node"] \
+                    and a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]:
+                assert devices(a).isdisjoint(devices(b)), (dict(a), dict(b))
+
+
+def training(broker: BrokerClient) -> bool:
+    """True once two jobs run and have trained some steps."""
+    try:
+        jobs = broker.get("/v1/jobs")["jobs"]
+    except (BrokerUnreachable, OSError):
+        return False
+    return sum(j["state"] == "running" and j["step"] > 20 for j in jobs) >= 2
+
+
+def db_rows(db: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
