@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from marbled.core.failures import TAIL_BYTES, memory_cause, tail
 from marbled.core.model import (
     Cancel,
     Job,
@@ -586,6 +587,19 @@ class Broker:
             outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
         else:
             outcome, why = JobState.FAILED, f"exited with {_describe_exit(code)}"
+        extra = {}
+        if outcome is JobState.FAILED:
+            extra["stderr_tail"] = self._stderr_tail(job_id)
+            cause = memory_cause(extra["stderr_tail"])
+            if cause:
+                why, extra["cause"] = f"{why}: {cause}", cause
+        restored = progress.get("start_step")
+        if restored is not None and restored < live.start_step:
+            # The job could not use the checkpoint it acknowledged: say so, never silently.
+            self._record_event("checkpoint-fallback", job_id, live.run_id,
+                               expected=live.start_step, restored=restored,
+                               detail=f"resumed from step {restored}, not {live.start_step}: "
+                                      "its newest checkpoint was missing or unreadable")
         if outcome is JobState.DONE and end_step is None:
             end_step = spec.steps
         if outcome is JobState.SUSPENDED and not ack:
@@ -595,7 +609,7 @@ class Broker:
             end_step = None
         self._end_run(job_id, live.run_id, exit_code=code, reason=outcome.value, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
-                      outcome=outcome, phases=progress.get("phases"))
+                      outcome=outcome, phases=progress.get("phases"), **extra)
         if outcome is JobState.SUSPENDED:
             self.state.suspended(job_id)
         else:
@@ -605,9 +619,20 @@ class Broker:
 
     # ------------------------------------------------------------ records
 
+    def _stderr_tail(self, job_id: int) -> str:
+        path = self.job_dir(job_id) / "stderr.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - TAIL_BYTES))
+                return tail(f.read())
+        except OSError:
+            return ""
+
     def _end_run(self, job_id: int, run_id: int, *, exit_code: int | None, reason: str,
                  detail: str, end_step: int | None = None, start_step: int | None = None,
-                 outcome: JobState = JobState.SUSPENDED, phases: dict | None = None) -> None:
+                 outcome: JobState = JobState.SUSPENDED, phases: dict | None = None,
+                 **extra) -> None:
+        """Close a run and record its outcome; `extra` goes into the event (e.g. stderr)."""
         now = time.time()
         with self.store.tx() as s:
             run = s.get(RunRow, run_id)
@@ -624,7 +649,8 @@ class Broker:
             else:
                 row.finished_at, row.exit_code = now, exit_code
             row.reason = detail
-            extra = {"phases": phases} if phases else {}
+            if phases:
+                extra["phases"] = phases
             self.store.log(s, reason, job_id, run_id, at=now, exit_code=exit_code,
                            step=end_step, detail=detail, **extra)
 
