@@ -160,8 +160,11 @@ class Broker:
                             row_run.pid, row_run.pid_start = pid, pid_start
                 handle = self.launcher.adopt(pid or 0, pid_start, self.job_dir(job.id), run.id)
                 self._record_event("adopted", job.id, run.id, pid=pid, alive=handle.signal(0))
-                self._watch(job.id, LiveRun(run.id, handle, run.start_step or 0,
-                                            reason="broker restart"))
+                live = LiveRun(run.id, handle, run.start_step or 0, reason="broker restart")
+                self._watch(job.id, live)
+                if state is JobState.SUSPENDING:  # asked before the restart: still escalate
+                    live.timers.append(asyncio.get_running_loop().call_later(
+                        self.config.suspend_timeout, self._no_ack, job.id, live))
                 continue
             if run is not None:
                 # Its node is not ours any more: the allocation it ran in has ended.
@@ -492,7 +495,9 @@ class Broker:
         atomic_write_json(self.job_dir(job.id) / SUSPEND_FILE,
                           {"run_id": live.run_id, "at": time.time()}, durable=False)
         live.handle.signal(signal.SIGTSTP)
-        self._record_event("suspend-requested", job.id, live.run_id, reason=reason)
+        with self.store.tx() as s:  # a broker that restarts now knows to expect its ack
+            s.get(JobRow, job.id).state = JobState.SUSPENDING.value
+            self.store.log(s, "suspend-requested", job.id, live.run_id, reason=reason)
         if not self.draining:
             self._prestart(job)
         loop = asyncio.get_running_loop()
@@ -559,8 +564,10 @@ class Broker:
     def _on_exit(self, job_id: int, live: LiveRun, code: int | None) -> None:
         self.live.pop(job_id, None)
         job = self.state.jobs[job_id]
-        if live.acked is None and job.state is JobState.SUSPENDING:
-            self._read_ack(job_id, live)  # it may have exited before we saw its marker
+        if live.acked is None:
+            # It may have exited before we saw its marker -- or before a broker that
+            # restarted knew it had been asked to suspend.
+            self._read_ack(job_id, live)
         live.clear_timers()
         spec = self.specs[job_id]
         progress = read_json(self.job_dir(job_id) / PROGRESS_FILE) or {}
@@ -571,7 +578,7 @@ class Broker:
         reached = spec.steps is not None and end_step is not None and end_step >= spec.steps
         if live.cancel:
             outcome, why = JobState.CANCELLED, "cancelled by the user"
-        elif job.state is JobState.SUSPENDING:
+        elif job.state is JobState.SUSPENDING or ack:
             if ack:
                 outcome, why = (JobState.DONE, "done") if reached else (
                     JobState.SUSPENDED, live.reason)
