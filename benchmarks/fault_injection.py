@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marbled.cli.client import BrokerClient, wait_until_serving
+from marbled.cli.client import BrokerClient
+from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
 from marbled.resources import PROJECT_ROOT, load_job_file
 
@@ -58,14 +59,9 @@ def workload(logs: Path, time_scale: float) -> list[dict]:
 
 
 def start(state: Path, time_scale: float) -> tuple[subprocess.Popen, float]:
+    """A broker on the state directory; how long it took to serve."""
     t0 = time.monotonic()
-    log = open(state / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir", str(state), "--gpus",
-         "6", "--time-scale", str(time_scale), "--monitor-interval", "0.1"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    wait_until_serving(BrokerClient(socket_path(state), timeout=10), proc, timeout=60)
-    return proc, time.monotonic() - t0
+    return start_broker(state, "marble", 6, time_scale), time.monotonic() - t0
 
 
 def unfinished(state: Path) -> int:
