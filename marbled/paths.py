@@ -7,6 +7,8 @@ from pathlib import Path
 
 SOCKET_NAME = "marbled.sock"
 DB_NAME = "marble.db"
+TOKEN_NAME = "token"  # with --listen: what a TCP client must show (mode 0600)
+ENDPOINT_NAME = "endpoint"  # with --listen: the URL of the TCP listener
 
 
 def allocation_id() -> str:

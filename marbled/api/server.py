@@ -16,6 +16,7 @@ Every error is a 4xx with {"error": "...", "field": "..."} saying what to fix.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
 import socket
@@ -50,14 +51,27 @@ def peer_uid(request: web.Request) -> int | None:
     return struct.unpack("3i", creds)[1]
 
 
-@web.middleware
-async def same_user_only(request: web.Request, handler: Callable) -> web.StreamResponse:
-    """Only the user who started the broker may talk to it (the socket is 0600 as well)."""
-    uid = peer_uid(request)
-    if uid is not None and uid != os.geteuid():
-        return _error(403, f"uid {uid} may not use this broker: it belongs to uid "
-                           f"{os.geteuid()}, who started it")
-    return await handler(request)
+def authorized(token: str | None) -> Callable:
+    """Who may talk to the broker: on the Unix socket (0600) the user who started it
+    (SO_PEERCRED); on the TCP listener whoever shows the allocation's token."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
+        uid = peer_uid(request)
+        if uid is not None:
+            if uid != os.geteuid():
+                return _error(403, f"uid {uid} may not use this broker: it belongs to uid "
+                                   f"{os.geteuid()}, who started it")
+            return await handler(request)
+        if token is None:
+            return _error(403, "this broker answers only on its Unix socket")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _error(401, "send the broker's token as 'Authorization: Bearer TOKEN' "
+                               "(it is in the state directory's 'token' file, mode 0600)")
+        return await handler(request)
+
+    return check
 
 
 @web.middleware
@@ -91,8 +105,10 @@ def _job_id(request: web.Request) -> int:
     return int(raw)
 
 
-def build_app(broker: Broker, on_shutdown: Callable[[], None]) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[same_user_only, errors_as_json])
+def build_app(broker: Broker, on_shutdown: Callable[[], None],
+              token: str | None = None) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY,
+                          middlewares=[authorized(token), errors_as_json])
     routes = web.RouteTableDef()
 
     @routes.get("/v1/status")

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 class BrokerUnreachable(RuntimeError):
@@ -32,14 +33,29 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class BrokerClient:
-    def __init__(self, socket_path: Path, timeout: float = 30.0):
-        self.socket_path = Path(socket_path)
+    """The broker's API on its Unix socket, or with `url` on its TCP listener (`token`)."""
+
+    def __init__(self, socket_path: Path | None = None, timeout: float = 30.0,
+                 url: str | None = None, token: str | None = None):
+        self.socket_path = Path(socket_path) if socket_path else None
         self.timeout = timeout
+        self.url = urlsplit(url) if url else None
+        self.token = token
+
+    @property
+    def where(self) -> str:
+        return self.url.geturl() if self.url else str(self.socket_path)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.url:
+            return http.client.HTTPConnection(self.url.hostname, self.url.port or 80,
+                                              timeout=self.timeout)
+        return _UnixConnection(str(self.socket_path), self.timeout)
 
     def request(self, method: str, path: str, body: object | None = None) -> dict:
-        conn = _UnixConnection(str(self.socket_path), self.timeout)
+        conn = self._connection()
         try:
-            headers = {}
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             data = None
             if body is not None:
                 data = json.dumps(body).encode()
@@ -49,7 +65,7 @@ class BrokerClient:
             raw = resp.read()
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise BrokerUnreachable(
-                f"no broker listens on {self.socket_path} ({exc.strerror}); start one with "
+                f"no broker listens on {self.where} ({exc.strerror}); start one with "
                 "'marbled', or point MARBLE_STATE_DIR / --state-dir at its state directory"
             ) from None
         finally:

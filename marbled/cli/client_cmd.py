@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.core.spec import JobSpec, SpecError
-from marbled.paths import default_state_dir, socket_path
+from marbled.paths import TOKEN_NAME, default_state_dir, socket_path
 from marbled.resources import (
     DEFAULT_PROFILE,
     JobFileError,
@@ -27,6 +28,16 @@ FINAL = {"done", "failed", "cancelled"}
 
 
 def _client(ctx: click.Context) -> BrokerClient:
+    if ctx.obj["url"]:
+        token = os.environ.get("MARBLE_TOKEN")
+        if token is None:
+            try:
+                token = (ctx.obj["state_dir"] / TOKEN_NAME).read_text().strip()
+            except OSError:
+                raise click.ClickException(
+                    "--url needs the broker's token: set MARBLE_TOKEN, or point --state-dir "
+                    f"at its state directory (it reads {TOKEN_NAME} there)") from None
+        return BrokerClient(url=ctx.obj["url"], token=token)
     return BrokerClient(socket_path(ctx.obj["state_dir"]))
 
 
@@ -47,8 +58,12 @@ def _echo_json(doc: object) -> None:
 @click.option("--state-dir", type=click.Path(path_type=Path), envvar="MARBLE_STATE_DIR",
               help="State directory of the broker to talk to. "
                    "[default: $MARBLE_STATE_DIR, else the allocation's default]")
+@click.option("--url", envvar="MARBLE_URL", metavar="URL",
+              help="Talk to a broker's TCP listener (marbled --listen; its URL is in "
+                   "STATE_DIR/endpoint) instead of its socket, e.g. from another node. "
+                   "The token comes from MARBLE_TOKEN or STATE_DIR/token.")
 @click.pass_context
-def main(ctx: click.Context, state_dir: Path | None) -> None:
+def main(ctx: click.Context, state_dir: Path | None, url: str | None) -> None:
     """Client of the marbled broker.
 
     \b
@@ -59,7 +74,7 @@ def main(ctx: click.Context, state_dir: Path | None) -> None:
       marble wait
       marble shutdown
     """
-    ctx.obj = {"state_dir": (state_dir or default_state_dir()).absolute()}
+    ctx.obj = {"state_dir": (state_dir or default_state_dir()).absolute(), "url": url}
 
 
 @main.command(context_settings={"ignore_unknown_options": False})
@@ -299,11 +314,20 @@ def shutdown(ctx, no_wait, timeout):
         click.echo("shutdown started")
         return
     deadline = time.monotonic() + timeout
-    while _process_exists(pid):
+    # Over TCP the broker may be on another host: wait until it stops answering instead.
+    while _answers(client) if ctx.obj["url"] else _process_exists(pid):
         if time.monotonic() > deadline:
             raise click.ClickException(f"marbled {pid} did not stop within {timeout:g} s")
         time.sleep(0.1)
     click.echo("marbled stopped")
+
+
+def _answers(client: BrokerClient) -> bool:
+    try:
+        client.get("/v1/status")
+    except (BrokerUnreachable, OSError):
+        return False
+    return True
 
 
 def _process_exists(pid: int) -> bool:

@@ -31,6 +31,15 @@ BATCH_LAUNCHERS = {"slurm": ("Slurm", slurm_allocation, SlurmLauncher),
                    "jsrun": ("LSF", lsf_allocation, JsrunLauncher)}
 
 
+def _host_port(value: str | None) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"'{value}' is not [HOST:]PORT, e.g. 0.0.0.0:7070 or 0")
+    return host or "0.0.0.0", int(port)
+
+
 def _auto_launcher(emulated_gpus: int | None) -> str:
     if emulated_gpus is None and os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
         return "slurm"
@@ -86,13 +95,18 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
 @click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
               help="Extra srun/jsrun option for every run (repeatable), e.g. "
                    "--step-arg=--mem-per-gpu=16G.")
+@click.option("--listen", metavar="[HOST:]PORT", callback=lambda _c, _p, v: _host_port(v),
+              help="Also answer on TCP (for 'marble --url' on other nodes), only to requests "
+                   "with the token written to STATE_DIR/token (0600); PORT 0 picks a free "
+                   "port, written with the URL to STATE_DIR/endpoint.")
 @click.option("--detach", is_flag=True,
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
 def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
          kill_timeout,
-         monitor_interval, prestart, launcher, drain_before, step_args, detach, log_level):
+         monitor_interval, prestart, launcher, drain_before, step_args, listen, detach,
+         log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -167,7 +181,7 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
                     "side (ask for more with --cpus-per-task)", node,
                     allocation.cpus.get(node, 0), len(devices))
     try:
-        left = asyncio.run(serve(config, policy, source, time_slice, runner))
+        left = asyncio.run(serve(config, policy, source, time_slice, runner, listen))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(EX_TEMPFAIL if left else 0)

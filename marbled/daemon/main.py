@@ -7,6 +7,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
@@ -19,7 +20,7 @@ from marbled.core.policy import get_policy
 from marbled.daemon.broker import Broker, BrokerConfig
 from marbled.launch.base import Launcher
 from marbled.launch.local import LocalLauncher
-from marbled.paths import DB_NAME, socket_path
+from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
 from marbled.store.db import SchemaError, Store
 
 log = logging.getLogger("marbled")
@@ -56,8 +57,13 @@ def prepare_state_dir(state_dir: Path) -> int:
 
 
 async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
-                time_slice: float | None = None, launcher: Launcher | None = None) -> int:
-    """Serve until drained; the number of jobs left unfinished (to resume later)."""
+                time_slice: float | None = None, launcher: Launcher | None = None,
+                listen: tuple[str, int] | None = None) -> int:
+    """Serve until drained; the number of jobs left unfinished (to resume later).
+
+    `listen` (host, port) adds a TCP listener, for clients on other nodes, that takes
+    only requests carrying the token this start writes to the state directory.
+    """
     launcher = launcher or LocalLauncher()
     lock_fd = prepare_state_dir(config.state_dir)
     try:
@@ -78,7 +84,8 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
             log.info("draining: %s", reason)
             draining.append(loop.create_task(broker.drain(reason)))
 
-    app = build_app(broker, shutdown)
+    token = secrets.token_urlsafe(32) if listen else None
+    app = build_app(broker, shutdown, token)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     path = socket_path(config.state_dir)
@@ -86,6 +93,9 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
     old_umask = os.umask(0o177)  # the socket is born 0600: no window for other users
     try:
         await web.UnixSite(runner, str(path)).start()
+        if listen:
+            endpoint = await _listen_tcp(runner, listen, config.state_dir, token)
+            log.info("listening on %s (token in %s)", endpoint, config.state_dir / TOKEN_NAME)
     finally:
         os.umask(old_umask)
     # SIGUSR2 is the allocation's end warning (sbatch --signal=B:USR2@SECONDS, forwarded by
@@ -103,12 +113,27 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
         await broker.run()
     finally:
         await runner.cleanup()
-        path.unlink(missing_ok=True)
+        for stale in (path, config.state_dir / TOKEN_NAME, config.state_dir / ENDPOINT_NAME):
+            stale.unlink(missing_ok=True)
         store.close()
         os.close(lock_fd)
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
+
+
+async def _listen_tcp(runner: web.AppRunner, listen: tuple[str, int], state_dir: Path,
+                      token: str) -> str:
+    """Open the TCP site; write the token and the URL (the umask makes them 0600)."""
+    host, port = listen
+    await web.TCPSite(runner, host, port).start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+    endpoint = f"http://{shown}:{port}"
+    for name, text in ((TOKEN_NAME, token), (ENDPOINT_NAME, endpoint)):
+        (state_dir / name).unlink(missing_ok=True)
+        (state_dir / name).write_text(text + "\n")
+    return endpoint
 
 
 def local_node_name() -> str:
