@@ -11,6 +11,9 @@ CREATE TABLE jobs (
 	gpus_request INTEGER,           -- NULL = auto (profile's optimal count, malleable)
 	demand INTEGER NOT NULL,        -- GPU count the policy aims for (on each node)
 	nodes INTEGER DEFAULT '1' NOT NULL, -- nodes the job runs on (demand GPUs on each)
+	retries INTEGER DEFAULT '0' NOT NULL, -- failed runs started again, at most
+	failures INTEGER DEFAULT '0' NOT NULL, -- failed runs so far
+	not_before FLOAT,               -- a retry waits until then (back-off)
 	malleable BOOLEAN NOT NULL,     -- may run as secondary and be suspended/resumed
 	command JSON NOT NULL,          -- argv list; [] for emulated jobs
 	emulate BOOLEAN NOT NULL,       -- marbled's EMULATED training job

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marbled.core.spec import MAX_NAME, MAX_NODES, MAX_STEPS
+from marbled.core.spec import MAX_NAME, MAX_NODES, MAX_RETRIES, MAX_STEPS
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -38,6 +38,9 @@ JOB = {
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES, "default": 1,
                   "description": "run `gpus` GPUs on each of this many nodes (one process "
                                  "per node; policies marble and rigid)"},
+        "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
+                    "description": "times a failed run is started again from its checkpoint, "
+                                   "after a back-off that doubles each time"},
     },
 }
 

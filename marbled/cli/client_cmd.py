@@ -86,6 +86,9 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None) -> None:
 @click.option("--nodes", type=click.IntRange(1), default=None,
               help="Run on this many nodes, --gpus on each, one process per node (as one "
                    "multi-node step under Slurm). [default: 1]")
+@click.option("--retries", type=click.IntRange(0, 100), default=None,
+              help="Start the job again (from its checkpoint) after a failure, up to N times, "
+                   "waiting marbled's --retry-delay, doubled after each failure. [default: 0]")
 @click.option("--after", multiple=True,
               help="Start only after this job (id or name) is done. Repeatable.")
 @click.option("--name", help="A name to refer to the job by (e.g. in --after).")
@@ -96,14 +99,15 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the accepted jobs as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, model, steps, gpus, nodes, after, name, emulate, job_file, as_json, command):
+def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, job_file, as_json,
+           command):
     """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
 
     The job starts when the FIFO reaches it, with CUDA_VISIBLE_DEVICES set to
     its GPUs and MARBLE_* variables for the worker protocol.
     """
     if job_file:
-        if command or model or steps or emulate or name or after or nodes:
+        if command or model or steps or emulate or name or after or nodes or retries:
             raise click.UsageError(
                 "--file takes every job from the file; give no other job options")
         try:
@@ -112,6 +116,7 @@ def submit(ctx, model, steps, gpus, nodes, after, name, emulate, job_file, as_js
             raise click.ClickException(str(exc)) from None
     else:
         doc = {"model": model, "steps": steps, "name": name, "emulate": emulate, "nodes": nodes,
+               "retries": retries,
                "after": [int(a) if a.isdigit() else a for a in after],
                "gpus": int(gpus) if gpus.isdigit() else gpus}
         if command:

@@ -95,6 +95,9 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
 @click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
               help="Extra srun/jsrun option for every run (repeatable), e.g. "
                    "--step-arg=--mem-per-gpu=16G.")
+@click.option("--retry-delay", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds before a failed job with retries left starts again; doubles "
+                   "after each failure of the same job.")
 @click.option("--listen", metavar="[HOST:]PORT", callback=lambda _c, _p, v: _host_port(v),
               help="Also answer on TCP (for 'marble --url' on other nodes), only to requests "
                    "with the token written to STATE_DIR/token (0600); PORT 0 picks a free "
@@ -105,8 +108,8 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
               show_default=True)
 def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
          kill_timeout,
-         monitor_interval, prestart, launcher, drain_before, step_args, listen, detach,
-         log_level):
+         monitor_interval, prestart, launcher, drain_before, step_args, retry_delay, listen,
+         detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -161,6 +164,7 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
         profile_ref=str(profile_path.absolute()), time_scale=time_scale,
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
         monitor_interval=monitor_interval, prestart=prestart, broker_node=local_node_name(),
+        retry_delay=retry_delay,
     )
     runner = None
     if launcher in BATCH_LAUNCHERS:

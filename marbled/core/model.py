@@ -79,6 +79,7 @@ class Job:
     resume_on: Placement | None = None  # GPUs reserved for the resume after a promotion
     suspensions: int = 0
     run_started: float | None = None  # when its current (or last) run started
+    not_before: float | None = None  # after a failure: waits out its retry back-off
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -219,6 +220,7 @@ class State:
                     placement=Placement(node, tuple(gpus), others),
                     resume_on=None,
                     run_started=at,
+                    not_before=None,
                 )
             case Suspend(resume_on=resume_on):
                 if job.state is not JobState.RUNNING:
@@ -228,14 +230,15 @@ class State:
                 new = self._finish(job, JobState.CANCELLED)
         return self._put(new)
 
-    def suspended(self, job_id: int) -> Job:
-        """The job checkpointed and exited after a Suspend (or was stopped by force)."""
+    def suspended(self, job_id: int, not_before: float | None = None) -> Job:
+        """The job checkpointed and exited after a Suspend (or was stopped by force); with
+        `not_before`, it failed and is retried from its checkpoint after that time."""
         job = self.jobs[job_id]
         if job.state not in (JobState.SUSPENDING, JobState.RUNNING):
             raise TransitionError(f"job {job_id} is {job.state}, not running")
         return self._put(replace(
             job, state=JobState.SUSPENDED, placement=None, role=None,
-            suspensions=job.suspensions + 1,
+            suspensions=job.suspensions + 1, not_before=not_before,
         ))
 
     def finished(self, job_id: int, state: JobState) -> Job:

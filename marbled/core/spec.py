@@ -12,6 +12,7 @@ MAX_STEPS = 10**12
 MAX_NAME = 128
 MAX_COMMAND_ARGS = 4096
 MAX_NODES = 10_000
+MAX_RETRIES = 100
 
 
 class SpecError(ValueError):
@@ -33,8 +34,10 @@ class JobSpec:
     after: tuple[int | str, ...] = ()  # job ids or names, resolved at submit
     name: str | None = None
     nodes: int = 1  # > 1: `gpus` GPUs on each of that many nodes, one process per node
+    retries: int = 0  # times a failed run is started again (from its checkpoint)
 
-    FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes")
+    FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes",
+              "retries")
 
     @classmethod
     def from_mapping(cls, doc: object) -> JobSpec:
@@ -104,10 +107,15 @@ class JobSpec:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 < nodes <= MAX_NODES:
             raise SpecError("nodes", f"must be a whole number of nodes from 1 to {MAX_NODES}")
 
+        retries = doc.get("retries", 0)
+        if isinstance(retries, bool) or not isinstance(retries, int) \
+                or not 0 <= retries <= MAX_RETRIES:
+            raise SpecError("retries", f"must be a whole number from 0 to {MAX_RETRIES}")
+
         if emulate and (model is None or steps is None):
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
-        return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes)
+        return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries)
 
     def to_mapping(self) -> dict:
         return {
@@ -119,6 +127,7 @@ class JobSpec:
             "after": list(self.after),
             "name": self.name,
             "nodes": self.nodes,
+            "retries": self.retries,
         }
 
 

@@ -77,6 +77,7 @@ class BrokerConfig:
     # When the allocation ends (Unix time), and how long before it every job is suspended.
     end_time: float | None = None
     drain_before: float = 120.0
+    retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure
 
 
 @dataclass
@@ -140,7 +141,9 @@ class Broker:
                 self.names[row.name] = row.id
             state = JobState(row.state)
             job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
-                      suspensions=row.suspensions)
+                      suspensions=row.suspensions, not_before=row.not_before)
+            if row.not_before is not None:
+                self._wake_at(row.not_before)
             run = open_runs.get(row.id)
             parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
             if state.holds_gpus and parts and all(n in self.config.nodes for n, _ in parts):
@@ -272,7 +275,7 @@ class Broker:
                 s.add(JobRow(
                     id=first + i, name=spec.name, model=spec.model, steps=spec.steps,
                     gpus_request=spec.gpus, demand=sizing.demand, malleable=sizing.malleable,
-                    nodes=spec.nodes,
+                    nodes=spec.nodes, retries=spec.retries,
                     command=list(spec.command), emulate=spec.emulate, after=list(after),
                     state=JobState.QUEUED.value, step=0, suspensions=0, submitted_at=now,
                 ))
@@ -353,7 +356,7 @@ class Broker:
             s.add(run)
             s.flush()
             run_id = run.id
-            row.state = JobState.RUNNING.value
+            row.state, row.not_before = JobState.RUNNING.value, None
             row.started_at = row.started_at or now
             self.store.log(s, "resumed" if resumed else "started", job.id, run_id, at=now,
                            node=node_col, gpus=list(action.gpus), role=action.role.value,
@@ -393,6 +396,10 @@ class Broker:
             self._stop(job.id, live, "cancelled by the user")
         elif self.draining:
             self._suspend_now(job.id, "shutdown")
+
+    def _wake_at(self, when: float) -> None:
+        """Decide again at Unix time `when` (a retry's back-off ends)."""
+        asyncio.get_running_loop().call_later(max(0.0, when - time.time()), self._wake.set)
 
     async def _record_placement(self, job_id: int, run_id: int, handle) -> None:
         """Record where the batch system really put a run (which GPUs, which step)."""
@@ -600,6 +607,14 @@ class Broker:
             cause = memory_cause(extra["stderr_tail"])
             if cause:
                 why, extra["cause"] = f"{why}: {cause}", cause
+        retry_at = None
+        if outcome is JobState.FAILED and not live.cancel:
+            failures = self.store.jobs([job_id])[0].failures
+            if failures < spec.retries:
+                delay = self.config.retry_delay * 2 ** failures
+                retry_at = time.time() + delay
+                why = f"{why}; retry {failures + 1} of {spec.retries} in {delay:g} s"
+                extra["retry_in"] = delay
         restored = progress.get("start_step")
         if restored is not None and restored < live.start_step:
             # The job could not use the checkpoint it acknowledged: say so, never silently.
@@ -616,8 +631,12 @@ class Broker:
             end_step = None
         self._end_run(job_id, live.run_id, exit_code=code, reason=outcome.value, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
-                      outcome=outcome, phases=progress.get("phases"), **extra)
-        if outcome is JobState.SUSPENDED:
+                      outcome=outcome, phases=progress.get("phases"), retry_at=retry_at,
+                      **extra)
+        if retry_at is not None:
+            self.state.suspended(job_id, not_before=retry_at)
+            self._wake_at(retry_at)
+        elif outcome is JobState.SUSPENDED:
             self.state.suspended(job_id)
         else:
             self.state.finished(job_id, outcome)
@@ -638,8 +657,9 @@ class Broker:
     def _end_run(self, job_id: int, run_id: int, *, exit_code: int | None, reason: str,
                  detail: str, end_step: int | None = None, start_step: int | None = None,
                  outcome: JobState = JobState.SUSPENDED, phases: dict | None = None,
-                 **extra) -> None:
-        """Close a run and record its outcome; `extra` goes into the event (e.g. stderr)."""
+                 retry_at: float | None = None, **extra) -> None:
+        """Close a run and record its outcome; `extra` goes into the event (e.g. stderr).
+        A failed run with `retry_at` leaves its job waiting for a retry from then on."""
         now = time.time()
         with self.store.tx() as s:
             run = s.get(RunRow, run_id)
@@ -651,7 +671,12 @@ class Broker:
             row.state = outcome.value
             if end_step is not None:
                 row.step = end_step
-            if outcome is JobState.SUSPENDED:
+            if outcome is JobState.FAILED:
+                row.failures += 1
+            if retry_at is not None:
+                row.state, row.not_before = JobState.SUSPENDED.value, retry_at
+                row.suspensions += 1
+            elif outcome is JobState.SUSPENDED:
                 row.suspensions += 1
             else:
                 row.finished_at, row.exit_code = now, exit_code
@@ -689,7 +714,8 @@ class Broker:
                      if job and job.placement else None),
             "gpus": [g for _, gs in job.placement.parts() for g in gs]
                     if job and job.placement else [],
-            "demand": row.demand, "nodes": row.nodes, "malleable": row.malleable,
+            "demand": row.demand, "nodes": row.nodes, "retries": row.retries,
+            "failures": row.failures, "not_before": row.not_before, "malleable": row.malleable,
             "gpus_request": "auto" if row.gpus_request is None else row.gpus_request,
             "step": row.step, "suspensions": row.suspensions, "after": row.after,
             "command": row.command, "emulate": row.emulate,
@@ -723,7 +749,7 @@ class Broker:
 def _spec_doc(row: JobRow) -> dict:
     doc = {"emulate": row.emulate, "model": row.model, "steps": row.steps,
            "gpus": row.gpus_request or "auto", "after": row.after, "name": row.name,
-           "nodes": row.nodes}
+           "nodes": row.nodes, "retries": row.retries}
     if row.command:
         doc["command"] = row.command
     return {k: v for k, v in doc.items() if v is not None}

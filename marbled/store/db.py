@@ -34,7 +34,10 @@ SCHEMA_VERSION = 2
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE runs ADD COLUMN devices VARCHAR",
-        "ALTER TABLE jobs ADD COLUMN nodes INTEGER NOT NULL DEFAULT 1"),
+        "ALTER TABLE jobs ADD COLUMN nodes INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN not_before FLOAT"),
 }
 
 
@@ -55,6 +58,9 @@ class JobRow(Base):
     gpus_request: Mapped[int | None] = mapped_column(Integer)  # NULL = auto
     demand: Mapped[int] = mapped_column(Integer)  # optimal or requested GPU count (per node)
     nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    not_before: Mapped[float | None] = mapped_column(Float)  # retry back-off ends
     malleable: Mapped[bool] = mapped_column(Boolean)
     command: Mapped[list] = mapped_column(JSON)
     emulate: Mapped[bool] = mapped_column(Boolean, default=False)

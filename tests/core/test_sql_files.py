@@ -39,7 +39,8 @@ def _as_version_1(path) -> None:
     """Turn a current database back into what marbled with schema version 1 wrote."""
     con = sqlite3.connect(path)
     con.execute("ALTER TABLE runs DROP COLUMN devices")
-    con.execute("ALTER TABLE jobs DROP COLUMN nodes")
+    for column in ("nodes", "retries", "failures", "not_before"):
+        con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.commit()
     con.close()

@@ -66,3 +66,46 @@ def test_an_unreadable_checkpoint_is_recorded_and_the_job_still_ends_at_its_step
     fallback = _event(second, "checkpoint-fallback", job["id"])
     assert (fallback["expected"], fallback["restored"]) == (saved["step"], 0)
     assert saved["step"] > 50
+
+
+FLAKY = """
+import os, sys
+from pathlib import Path
+tries = Path(sys.argv[1])
+n = int(tries.read_text()) + 1 if tries.exists() else 1
+tries.write_text(str(n))
+sys.exit(0 if n > int(sys.argv[2]) else 3)
+"""
+
+
+def test_a_failing_job_is_retried_with_a_doubling_back_off_until_it_succeeds(daemon_factory,
+                                                                            tmp_path):
+    d = daemon_factory("--retry-delay", "0.3")
+    tries = tmp_path / "tries"
+    (job,) = d.submit({"gpus": 1, "retries": 2,
+                       "command": [sys.executable, "-c", FLAKY, str(tries), "2"]})
+    (done,) = d.wait_all(timeout=30)
+    assert (done["state"], done["failures"], tries.read_text()) == ("done", 2, "3")
+    runs = d.query("SELECT * FROM runs WHERE job_id = ? ORDER BY id", job["id"])
+    assert [r["end_reason"] for r in runs] == ["failed", "failed", "done"]
+    assert [r["exit_code"] for r in runs] == [3, 3, 0]
+    waits = [b["started_at"] - a["ended_at"] for a, b in zip(runs, runs[1:], strict=False)]
+    assert waits[0] >= 0.3 and waits[1] >= 0.6  # 0.3 s, then doubled
+    retry_in = [json.loads(r["data"]).get("retry_in") for r in d.query(
+        "SELECT data FROM events WHERE kind = 'failed' ORDER BY id")]
+    assert retry_in == [0.3, 0.6]
+
+
+def test_a_job_out_of_retries_fails_and_a_job_waiting_out_its_back_off_does_not_block(
+        daemon_factory, tmp_path):
+    d = daemon_factory("--retry-delay", "5")
+    (flaky, other) = d.submit(
+        {"gpus": 6, "retries": 1, "command": [sys.executable, "-c", FLAKY,
+                                              str(tmp_path / "t"), "99"]},
+        {"gpus": 6, "command": ["true"]})
+    # while the first waits out its 5 s back-off, the second (behind it in the FIFO) runs
+    d.wait_for(lambda: d.jobs()[1]["state"] == "done", timeout=4, what="the second job")
+    assert d.jobs()[0]["state"] == "suspended" and d.jobs()[0]["failures"] == 1
+    (failed, _) = d.wait_all(timeout=30)
+    assert (failed["state"], failed["failures"]) == ("failed", 2)
+    assert failed["reason"] == "exited with code 3"

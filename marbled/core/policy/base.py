@@ -32,14 +32,17 @@ def dependency_status(job: Job, state: State) -> str:
     return status
 
 
-def fifo_candidates(state: State, actions: list) -> Iterator[Job]:
+def fifo_candidates(state: State, actions: list, now: float = 0.0) -> Iterator[Job]:
     """Waiting jobs in FIFO order whose dependencies are met.
 
     Jobs whose dependency can never be met are cancelled (appended to
     `actions`); jobs still waiting for a dependency are skipped, as the paper
-    schedules "the next job which is marked as independent".
+    schedules "the next job which is marked as independent"; so are jobs that
+    wait out a retry back-off (until `not_before`), without holding up the queue.
     """
     for job in state.waiting():
+        if job.not_before is not None and job.not_before > now:
+            continue
         status = dependency_status(job, state)
         if status == "broken":
             actions.append(Cancel(job.id, "a job it depends on failed or was cancelled"))

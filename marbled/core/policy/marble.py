@@ -57,7 +57,7 @@ class MarblePolicy:
                     actions.append(Suspend(job.id, target, "promote"))
 
         # run_multiple_jobs(), lines 14-21.
-        for job in fifo_candidates(state, actions):
+        for job in fifo_candidates(state, actions, now):
             parts = take_nodes(free, job.nodes, lambda _node, job=job: job.demand)
             if parts:
                 actions.append(start_on(job, parts, Role.PRIMARY))

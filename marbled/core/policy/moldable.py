@@ -54,7 +54,7 @@ class MoldablePolicy:
         # Read the queue only as far as it matters: once the p_min of the jobs read
         # fill the vacant GPUs, it is the congested case and nobody further gets any.
         queue, p_min = [], []
-        for job in fifo_candidates(state, actions):
+        for job in fifo_candidates(state, actions, now):
             queue.append(job)
             p_min.append(1 if job.malleable else job.demand)
             if sum(p_min) >= vacant:

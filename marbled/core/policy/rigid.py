@@ -17,7 +17,7 @@ class RigidPolicy:
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
-        for job in fifo_candidates(state, actions):
+        for job in fifo_candidates(state, actions, now):
             parts = take_nodes(free, job.nodes, lambda name, job=job: (
                 job.demand if not job.malleable else state.nodes[name].size))
             if parts is None:

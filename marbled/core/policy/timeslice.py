@@ -26,9 +26,9 @@ class TimeslicePolicy:
             raise ValueError("the time slice must be positive")
         self.slice_s = slice_s
 
-    def _queue(self, state: State, actions: list) -> list:
+    def _queue(self, state: State, actions: list, now: float) -> list:
         """Eligible waiting jobs, those that never ran first, then least recently run."""
-        return sorted(fifo_candidates(state, actions),
+        return sorted(fifo_candidates(state, actions, now),
                       key=lambda j: (j.run_started is not None, j.run_started or 0.0, j.id))
 
     def _expired(self, state: State, now: float) -> list:
@@ -41,7 +41,7 @@ class TimeslicePolicy:
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         free = {n: state.free(n) for n in state.nodes}
-        queue = self._queue(state, actions)
+        queue = self._queue(state, actions, now)
         head = None
         for job in queue:
             fits = [n for n in free if len(free[n]) >= job.demand]
