@@ -29,6 +29,7 @@ from marbled.core.model import (
     State,
     Suspend,
 )
+from marbled.core.outcome import run_outcome
 from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
@@ -580,27 +581,11 @@ class Broker:
         progress = read_json(self.job_dir(job_id) / PROGRESS_FILE) or {}
         if progress.get("run_id") != live.run_id:
             progress = {}
-        ack = live.acked
-        end_step = ack.get("step") if ack else progress.get("step")
-        reached = spec.steps is not None and end_step is not None and end_step >= spec.steps
-        if live.cancel:
-            outcome, why = JobState.CANCELLED, "cancelled by the user"
-        elif job.state is JobState.SUSPENDING or ack:
-            if ack:
-                outcome, why = (JobState.DONE, "done") if reached else (
-                    JobState.SUSPENDED, live.reason)
-            elif code == 0 and not live.escalated:
-                outcome, why = JobState.DONE, "done before it saw the suspension"
-            elif live.escalated or code is None:
-                outcome, why = JobState.SUSPENDED, f"{live.reason}: stopped without a checkpoint"
-            else:
-                outcome, why = JobState.FAILED, f"exited with {code} while suspending"
-        elif code == 0 or (code is None and reached):
-            outcome, why = JobState.DONE, "done"
-        elif code is None:
-            outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
-        else:
-            outcome, why = JobState.FAILED, f"exited with {_describe_exit(code)}"
+        end = run_outcome(code=code, cancelled=live.cancel,
+                          suspending=job.state is JobState.SUSPENDING, escalated=live.escalated,
+                          reason=live.reason, ack=live.acked,
+                          progress_step=progress.get("step"), target_steps=spec.steps)
+        outcome, why, end_step = end.outcome, end.why, end.end_step
         extra = {}
         if outcome is JobState.FAILED:
             extra["stderr_tail"] = self._stderr_tail(job_id)
@@ -622,13 +607,6 @@ class Broker:
                                expected=live.start_step, restored=restored,
                                detail=f"resumed from step {restored}, not {live.start_step}: "
                                       "its newest checkpoint was missing or unreadable")
-        if outcome is JobState.DONE and end_step is None:
-            end_step = spec.steps
-        if outcome is JobState.SUSPENDED and not ack:
-            # Stopped by force: the step it reached and the step of its last checkpoint are
-            # unknown (progress reports lag); the next run reports where it resumed.
-            why = f"{why} (last reported step {end_step})"
-            end_step = None
         self._end_run(job_id, live.run_id, exit_code=code, reason=outcome.value, detail=why,
                       end_step=end_step, start_step=progress.get("start_step"),
                       outcome=outcome, phases=progress.get("phases"), retry_at=retry_at,
@@ -757,13 +735,3 @@ def _spec_doc(row: JobRow) -> dict:
 
 def _in_batch(index: int, total: int, exc: SpecError) -> str:
     return str(exc) if total == 1 else f"jobs[{index}].{exc}"
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
-

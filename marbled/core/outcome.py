@@ -1,0 +1,61 @@
+"""How a run ended, from what the broker saw of it (pure).
+
+The broker knows whether the user cancelled the run, whether it had asked the
+run to suspend (and with what reason), whether it had to force it (SIGTERM or
+SIGKILL), the exit code (None when the run was adopted after a restart: it is
+not the broker's child), the job's acknowledgement and its last progress report.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from marbled.core.model import JobState
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    outcome: JobState  # DONE, SUSPENDED (resume later), FAILED or CANCELLED
+    why: str
+    end_step: int | None  # the step the job can resume from; None when not known
+
+
+def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalated: bool,
+                reason: str | None, ack: dict | None, progress_step: int | None,
+                target_steps: int | None) -> RunEnd:
+    end_step = ack.get("step") if ack else progress_step
+    reached = target_steps is not None and end_step is not None and end_step >= target_steps
+    if cancelled:
+        outcome, why = JobState.CANCELLED, "cancelled by the user"
+    elif suspending or ack:
+        if ack:
+            outcome, why = (JobState.DONE, "done") if reached else (JobState.SUSPENDED, reason)
+        elif code == 0 and not escalated:
+            outcome, why = JobState.DONE, "done before it saw the suspension"
+        elif escalated or code is None:
+            outcome, why = JobState.SUSPENDED, f"{reason}: stopped without a checkpoint"
+        else:
+            outcome, why = JobState.FAILED, f"exited with {code} while suspending"
+    elif code == 0 or (code is None and reached):
+        outcome, why = JobState.DONE, "done"
+    elif code is None:
+        outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
+    else:
+        outcome, why = JobState.FAILED, f"exited with {describe_exit(code)}"
+    if outcome is JobState.DONE and end_step is None:
+        end_step = target_steps
+    if outcome is JobState.SUSPENDED and not ack:
+        # Stopped by force: the step it reached and the step of its last checkpoint are
+        # unknown (progress reports lag); the next run reports where it resumed.
+        why, end_step = f"{why} (last reported step {end_step})", None
+    return RunEnd(outcome, why or "suspended", end_step)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
