@@ -131,8 +131,7 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None],
             except SpecError as exc:
                 where = f"jobs[{i}].{exc.field}" if many else exc.field
                 raise Refused(f"{where}: {exc.message}", 400, where) from None
-        ids = broker.submit(specs)
-        views = [broker.job_view(r) for r in broker.store.jobs(ids)]
+        views = [broker.job_view(r) for r in broker.submit(specs)]
         return web.json_response({"jobs": views}, status=201)
 
     @routes.get("/v1/jobs")

@@ -115,6 +115,7 @@ class Broker:
         )
         self.specs: dict[int, JobSpec] = {}
         self.names: dict[str, int] = {}
+        self._next_id = store.next_job_id()  # only this broker writes the store
         self.live: dict[int, LiveRun] = {}
         self.draining = False
         self._end_reached = False
@@ -236,8 +237,9 @@ class Broker:
 
     # ------------------------------------------------------------ requests
 
-    def submit(self, specs: list[JobSpec]) -> list[int]:
-        """Accept all of `specs` or none: every check happens before anything is stored."""
+    def submit(self, specs: list[JobSpec]) -> list[JobRow]:
+        """Accept all of `specs` or none: every check happens before anything is stored.
+        The stored rows, in order."""
         if self.draining:
             raise Refused("the broker is shutting down; submit to the next broker", 503)
         if not self.state.nodes:
@@ -252,15 +254,16 @@ class Broker:
                 sizings.append(size_job(spec, self.config.book, node_max, len(self.state.nodes)))
             except SpecError as exc:
                 raise Refused(_in_batch(i, len(specs), exc), 400, exc.field) from None
-        names = dict(self.names)
+        batch_names: dict[str, int] = {}  # taken into self.names once all are accepted
         with self.store.tx() as s:
-            first = self.store.next_job_id(s)
+            first = self._next_id
             resolved = []
             for i, spec in enumerate(specs):
                 job_id = first + i
                 after = []
                 for ref in spec.after:
-                    dep = names.get(ref) if isinstance(ref, str) else ref
+                    dep = (batch_names.get(ref, self.names.get(ref)) if isinstance(ref, str)
+                           else ref)
                     if dep is None or dep >= job_id or (dep < first and dep not in self.specs):
                         raise Refused(
                             _in_batch(i, len(specs), SpecError(
@@ -269,28 +272,30 @@ class Broker:
                             400, "after")
                     after.append(dep)
                 if spec.name:
-                    names[spec.name] = job_id
+                    batch_names[spec.name] = job_id
                 resolved.append(tuple(after))
             now = time.time()
+            rows = []
             for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
-                s.add(JobRow(
+                rows.append(JobRow(
                     id=first + i, name=spec.name, model=spec.model, steps=spec.steps,
                     gpus_request=spec.gpus, demand=sizing.demand, malleable=sizing.malleable,
                     nodes=spec.nodes, retries=spec.retries,
                     command=list(spec.command), emulate=spec.emulate, after=list(after),
                     state=JobState.QUEUED.value, step=0, suspensions=0, submitted_at=now,
+                    failures=0,
                 ))
+                s.add(rows[-1])
                 self.store.log(s, "submitted", first + i, at=now, demand=sizing.demand,
                                malleable=sizing.malleable)
-        ids = []
         for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
             job_id = first + i
             self.specs[job_id] = spec
             self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after, spec.nodes))
-            ids.append(job_id)
-        self.names = names
+        self.names.update(batch_names)
+        self._next_id = first + len(specs)
         self._wake.set()
-        return ids
+        return rows
 
     def suspend(self, job_id: int) -> None:
         """Checkpoint a running job and put it back in the FIFO at its place (user request)."""

@@ -166,8 +166,9 @@ class Store:
                 q = q.where(EventRow.job_id == job_id)
             return list(s.scalars(q))
 
-    def next_job_id(self, s: Session) -> int:
-        return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
+    def next_job_id(self) -> int:
+        with self.tx() as s:
+            return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
 
     def close(self) -> None:
         self.engine.dispose()
