@@ -250,3 +250,27 @@ def test_two_node_job_runs_as_one_step_over_both_nodes_and_survives_a_suspension
     assert [int(s) for s in log.read_text().split()] == list(range(1, 1201))
     placed = _placed(d)
     assert {p["node"] for p in placed.values()} == {"n1,n2"}
+
+
+def test_allocation_gone_while_the_broker_was_dead_loses_no_job(daemon_factory, allocate,
+                                                                tmp_path):
+    """The worst end: the broker is killed (-9), then the allocation ends with runs open.
+    The next broker, in an allocation on another node, closes those runs as suspended and
+    runs every job to its end from its last checkpoint."""
+    state = tmp_path / "state"
+    first_job = allocate(*ONE_NODE, "--nodelist=n1")
+    first = _broker(daemon_factory, first_job, state_dir=state, time_scale=0.05)
+    first.submit(*jobset(3))
+    first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()[:2]), what="progress")
+    first.stop(signal.SIGKILL)
+    subprocess.run(["scancel", first_job], check=True)  # its job steps end with it
+    wait_slurm_job(first_job, timeout=60)
+    assert len(first.query("SELECT id FROM runs WHERE ended_at IS NULL")) >= 2
+
+    second = _broker(daemon_factory, allocate(*ONE_NODE, "--nodelist=n2"), state_dir=state)
+    jobs = second.wait_all(timeout=120)
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    closed = [json.loads(r["data"])["detail"] for r in second.query(
+        "SELECT data FROM events WHERE kind = 'suspended'")]
+    assert sum("left with its allocation" in d for d in closed) >= 2
+    assert db_rows(state / "marble.db", JOBS) == JOBSET3_DONE
