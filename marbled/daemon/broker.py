@@ -33,6 +33,7 @@ from marbled.core.outcome import run_outcome
 from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
+from marbled.daemon.prestart import Standbys, worth_prestarting
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
 from marbled.launch.local import find_run_process, process_start_time
 from marbled.store.db import JobRow, RunRow, Store, placement_columns, placement_parts
@@ -82,12 +83,6 @@ class BrokerConfig:
 
 
 @dataclass
-class Standby:
-    launched: asyncio.Task  # the launch of the waiting process, giving its RunHandle
-    go_file: Path
-
-
-@dataclass
 class LiveRun:
     run_id: int
     handle: RunHandle
@@ -124,7 +119,7 @@ class Broker:
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._cancel_pending: set[int] = set()
-        self.standby: dict[int, Standby] = {}
+        self.standby = Standbys(launcher.launch, self._spawn, self._record_event)
 
     # ------------------------------------------------------------ paths
 
@@ -331,8 +326,7 @@ class Broker:
         if not self.draining:
             self.draining = True
             self._record_event("drain", reason=reason)
-            for job_id in list(self.standby):
-                self._drop_standby(job_id)
+            self.standby.drop_all()
             for job in list(self.state.jobs.values()):
                 if job.state is JobState.RUNNING and job.id in self.live:
                     self._suspend_now(job.id, reason)
@@ -373,7 +367,7 @@ class Broker:
                        for n, gpus in action.others)
         run_env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_GPUS": str(len(devices)),
                    "MARBLE_ROLE": action.role.value, "MARBLE_LAUNCH_TIME": repr(time.time())}
-        handle = await self._take_standby(job.id, {**run_env, "devices": devices})
+        handle = await self.standby.take(job.id, {**run_env, "devices": devices})
         if handle is None:
             request = replace(self._request(job.id, action.node, devices, run_env),
                               others=others)
@@ -443,47 +437,13 @@ class Broker:
     # -- prestart: the resumed process imports its framework while the old one checkpoints
 
     def _prestart(self, job: Job, once_training: bool = False) -> None:
-        """Start the process of the job's next run now, on no GPU, waiting for its go file.
-
-        Only for jobs whose worker declared it waits (`JobProtocol.ready()` in its
-        progress reports): a script that ignored the go file would train twice.
-        """
-        if self.config.prestart == "off" or job.id in self.standby or not job.placement:
+        """Start the process of the job's next run now, on no GPU, waiting for its go file."""
+        if self.config.prestart == "off" or job.id in self.standby or not job.placement \
+                or not worth_prestarting(self.job_dir(job.id), once_training):
             return
-        progress = read_json(self.job_dir(job.id) / PROGRESS_FILE) or {}
-        if not progress.get("prestart"):
-            return
-        if once_training and "first_step" not in progress.get("phases", {}):
-            return  # its imports would slow down the start of the run that just resumed
         go = self.job_dir(job.id) / GO_FILE
-        go.unlink(missing_ok=True)
-        request = self._request(job.id, job.placement.node, (), {
-            "MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(time.time())})
-        self.standby[job.id] = Standby(self._spawn(self.launcher.launch(request)), go)
-        self._record_event("prestarted", job.id)
-
-    async def _take_standby(self, job_id: int, go: dict) -> RunHandle | None:
-        """Hand the run to the job's prestarted process, if it is alive; None otherwise."""
-        standby = self.standby.pop(job_id, None)
-        if standby is None:
-            return None
-        try:
-            handle = await standby.launched
-        except OSError:
-            return None
-        if not handle.signal(0):
-            return None
-        devices = go.pop("devices")
-        atomic_write_json(standby.go_file, {**go, "CUDA_VISIBLE_DEVICES": ",".join(devices)})
-        self._record_event("go", job_id, int(go["MARBLE_RUN_ID"]), pid=handle.pid)
-        return handle
-
-    def _drop_standby(self, job_id: int) -> None:
-        standby = self.standby.pop(job_id, None)
-        if standby is not None:
-            atomic_write_json(standby.go_file, {"cancel": True})
-            standby.launched.add_done_callback(
-                lambda t: t.exception() or t.result().signal(signal.SIGKILL))
+        self.standby.start(job.id, go, self._request(job.id, job.placement.node, (), {
+            "MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(time.time())}))
 
     def _watch(self, job_id: int, live: LiveRun) -> None:
         self.live[job_id] = live
@@ -623,7 +583,7 @@ class Broker:
             self.state.suspended(job_id)
         else:
             self.state.finished(job_id, outcome)
-            self._drop_standby(job_id)
+            self.standby.drop(job_id)
         self._wake.set()
 
     # ------------------------------------------------------------ records
@@ -673,7 +633,7 @@ class Broker:
         """End a job that is not running (a cancel, a dependency that can never be met)."""
         if not self.state.jobs[job_id].state.finished:
             self.state.finished(job_id, state)
-        self._drop_standby(job_id)
+        self.standby.drop(job_id)
         now = time.time()
         with self.store.tx() as s:
             row = s.get(JobRow, job_id)

@@ -1,0 +1,79 @@
+"""Prestart: the process of a job's next run, started before the job's GPUs are free.
+
+It waits in `JobProtocol.ready()` for its go file, holding no GPU, so its
+framework import is off the critical path of a promotion; `take()` hands it the
+run (run id, GPUs), `drop()` tells it to exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+
+from marbled.launch.base import LaunchRequest, RunHandle
+from marbled.worker.protocol import PROGRESS_FILE, atomic_write_json, read_json
+
+
+def worth_prestarting(run_dir: Path, once_training: bool) -> bool:
+    """Only jobs whose worker said it waits for a go file (a script that ignored it would
+    train twice); with `once_training`, only once the current run trains, so the new
+    process's imports do not slow down a run that has just resumed."""
+    progress = read_json(run_dir / PROGRESS_FILE) or {}
+    if not progress.get("prestart"):
+        return False
+    return not once_training or "first_step" in progress.get("phases", {})
+
+
+@dataclass
+class Standby:
+    launched: asyncio.Task  # the launch of the waiting process, giving its RunHandle
+    go_file: Path
+
+
+class Standbys:
+    """The waiting processes, at most one per job."""
+
+    def __init__(self, launch: Callable[[LaunchRequest], Coroutine],
+                 spawn: Callable[[Coroutine], asyncio.Task],
+                 record: Callable[..., None]):
+        self._launch, self._spawn, self._record = launch, spawn, record
+        self._waiting: dict[int, Standby] = {}
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._waiting
+
+    def start(self, job_id: int, go_file: Path, request: LaunchRequest) -> None:
+        go_file.unlink(missing_ok=True)
+        self._waiting[job_id] = Standby(self._spawn(self._launch(request)), go_file)
+        self._record("prestarted", job_id)
+
+    async def take(self, job_id: int, go: dict) -> RunHandle | None:
+        """Hand the run to the job's prestarted process, if it is alive; None otherwise."""
+        standby = self._waiting.pop(job_id, None)
+        if standby is None:
+            return None
+        try:
+            handle = await standby.launched
+        except OSError:
+            return None
+        if not handle.signal(0):
+            return None
+        devices = go.pop("devices")
+        atomic_write_json(standby.go_file, {**go, "CUDA_VISIBLE_DEVICES": ",".join(devices)})
+        self._record("go", job_id, int(go["MARBLE_RUN_ID"]), pid=handle.pid)
+        return handle
+
+    def drop(self, job_id: int) -> None:
+        standby = self._waiting.pop(job_id, None)
+        if standby is not None:
+            atomic_write_json(standby.go_file, {"cancel": True})
+            standby.launched.add_done_callback(
+                lambda t: t.exception() or t.result().signal(signal.SIGKILL))
+
+    def drop_all(self) -> None:
+        for job_id in list(self._waiting):
+            self.drop(job_id)
+
