@@ -90,8 +90,8 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
                    "processes here. auto: slurm inside a Slurm allocation, jsrun inside an "
                    "LSF one with jsrun on PATH, else local (always local with --gpus).")
 @click.option("--drain-before", type=click.FloatRange(min=0), default=120.0, show_default=True,
-              help="Under Slurm: seconds before the allocation's end at which every job is "
-                   "suspended to its checkpoint and the broker stops.")
+              help="Under Slurm or LSF: seconds before the allocation's end at which every job "
+                   "is suspended to its checkpoint and the broker stops.")
 @click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
               help="Extra srun/jsrun option for every run (repeatable), e.g. "
                    "--step-arg=--mem-per-gpu=16G.")
