@@ -30,3 +30,8 @@ FROM events WHERE kind = 'acknowledged' ORDER BY id;
 SELECT datetime(at, 'unixepoch') AS at, kind, job_id, run_id, data
 FROM events WHERE kind IN ('failed', 'suspend-timeout', 'stop', 'lost', 'cancelled')
 ORDER BY id;
+
+-- 6. GPU use per job, from the NVML samples (marbled --sample-interval, real GPUs only).
+SELECT job_id, count(*) AS samples, round(avg(util_gpu), 1) AS gpu_busy_pct,
+       round(max(mem_used) / 1073741824.0, 2) AS peak_mem_gib
+FROM gpu_samples WHERE job_id IS NOT NULL GROUP BY job_id ORDER BY job_id;

@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 2.
+-- marbled state database (marble.db in the broker's state directory), schema version 3.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -53,7 +53,8 @@ CREATE TABLE runs (
 CREATE INDEX ix_runs_job_id ON runs (job_id);
 
 -- Append-only journal: submitted started resumed suspend-requested acknowledged
--- suspend-timeout stop done suspended failed cancelled lost adopted drain.
+-- suspend-timeout stop done suspended failed cancelled adopted drain placed
+-- checkpoint-fallback prestarted go.
 CREATE TABLE events (
 	id INTEGER NOT NULL,
 	at FLOAT NOT NULL,
@@ -66,6 +67,22 @@ CREATE TABLE events (
 CREATE INDEX ix_events_job_id ON events (job_id);
 CREATE INDEX ix_events_at ON events (at);
 CREATE INDEX ix_events_kind ON events (kind);
+
+-- NVML readings of the broker's own GPUs every --sample-interval (local launcher, real GPUs).
+CREATE TABLE gpu_samples (
+	id INTEGER NOT NULL,
+	at FLOAT NOT NULL,
+	node VARCHAR(128) NOT NULL,
+	device VARCHAR(64) NOT NULL,    -- as in CUDA_VISIBLE_DEVICES
+	job_id INTEGER,                 -- the job on the GPU then; NULL when idle
+	util_gpu INTEGER NOT NULL,      -- percent of the sample period the GPU was busy
+	util_mem INTEGER NOT NULL,      -- percent of it the memory was read or written
+	mem_used INTEGER NOT NULL,      -- bytes
+	mem_total INTEGER NOT NULL,
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_gpu_samples_at ON gpu_samples (at);
+CREATE INDEX ix_gpu_samples_job_id ON gpu_samples (job_id);
 
 -- Broker settings of the last start: schema_version, policy, profile, nodes, ...
 CREATE TABLE meta (

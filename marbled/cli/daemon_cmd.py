@@ -95,6 +95,11 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
 @click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
               help="Extra srun/jsrun option for every run (repeatable), e.g. "
                    "--step-arg=--mem-per-gpu=16G.")
+@click.option("--sample-interval", type=click.FloatRange(min=0), default=10.0,
+              show_default=True,
+              help="Seconds between NVML samples of the GPUs (utilization, memory, the job on "
+                   "each), stored in the gpu_samples table; 0 turns them off. Real GPUs on "
+                   "this host only (pip install 'marbled[nvml]').")
 @click.option("--retry-delay", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds before a failed job with retries left starts again; doubles "
                    "after each failure of the same job.")
@@ -108,8 +113,8 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
               show_default=True)
 def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, suspend_timeout,
          kill_timeout,
-         monitor_interval, prestart, launcher, drain_before, step_args, retry_delay, listen,
-         detach, log_level):
+         monitor_interval, prestart, launcher, drain_before, step_args, sample_interval,
+         retry_delay, listen, detach, log_level):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -164,7 +169,7 @@ def main(state_dir, emulated_gpus, policy, time_slice, profile, time_scale, susp
         profile_ref=str(profile_path.absolute()), time_scale=time_scale,
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
         monitor_interval=monitor_interval, prestart=prestart, broker_node=local_node_name(),
-        retry_delay=retry_delay,
+        retry_delay=retry_delay, sample_interval=sample_interval,
     )
     runner = None
     if launcher in BATCH_LAUNCHERS:

@@ -36,7 +36,14 @@ from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.daemon.prestart import Standbys, worth_prestarting
 from marbled.launch.base import Launcher, LaunchRequest, RunHandle
 from marbled.launch.local import find_run_process, process_start_time
-from marbled.store.db import JobRow, RunRow, Store, placement_columns, placement_parts
+from marbled.store.db import (
+    GpuSampleRow,
+    JobRow,
+    RunRow,
+    Store,
+    placement_columns,
+    placement_parts,
+)
 from marbled.worker.protocol import (
     ACK_FILE,
     GO_FILE,
@@ -80,6 +87,7 @@ class BrokerConfig:
     end_time: float | None = None
     drain_before: float = 120.0
     retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure
+    sample_interval: float = 10.0  # seconds between GPU samples (with a sampler)
 
 
 @dataclass
@@ -120,6 +128,8 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self._cancel_pending: set[int] = set()
         self.standby = Standbys(launcher.launch, self._spawn, self._record_event)
+        self.sampler = None  # an NvmlSampler of the broker's node, when it has real GPUs
+        self._sampled_at = 0.0
 
     # ------------------------------------------------------------ paths
 
@@ -209,6 +219,8 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.monitor_interval)
             self.check_acks()
+            if self.sampler and time.time() >= self._sampled_at + self.config.sample_interval:
+                self._record_gpu_samples()
             due = self.policy.next_decision(self.state, time.time())
             if due is not None and due <= time.time():
                 self._wake.set()  # a time-driven policy (time slices) wants to decide
@@ -639,6 +651,20 @@ class Broker:
             row = s.get(JobRow, job_id)
             row.state, row.finished_at, row.reason = state.value, now, reason
             self.store.log(s, state.value, job_id, at=now, reason=reason)
+
+    def _record_gpu_samples(self) -> None:
+        """One NVML reading of every GPU of the broker's node, with the job holding it."""
+        self._sampled_at = now = time.time()
+        node = self.config.broker_node
+        devices = self.config.nodes.get(node, ())
+        holder = {devices[g]: job.id for job in self.state.engaged() if job.placement
+                  for n, gpus in job.placement.parts() if n == node for g in gpus}
+        with self.store.tx() as s:
+            for g in self.sampler.sample():
+                s.add(GpuSampleRow(at=now, node=node, device=g.device,
+                                   job_id=holder.get(g.device), util_gpu=g.util_gpu,
+                                   util_mem=g.util_mem, mem_used=g.mem_used,
+                                   mem_total=g.mem_total))
 
     def _record_event(self, kind: str, job_id: int | None = None, run_id: int | None = None,
                       **data) -> None:

@@ -18,6 +18,7 @@ from aiohttp import web
 from marbled.api.server import build_app
 from marbled.core.policy import get_policy
 from marbled.daemon.broker import Broker, BrokerConfig
+from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
 from marbled.launch.base import Launcher
 from marbled.launch.local import LocalLauncher
 from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
@@ -75,6 +76,12 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
     broker = Broker(config, store, launcher, get_policy(policy_name, time_slice))
+    if config.sample_interval > 0 and launcher.name == "local" \
+            and not gpu_source.startswith("emulated"):
+        try:
+            broker.sampler = NvmlSampler(config.nodes[config.broker_node])
+        except NoNvml as exc:
+            log.info("no GPU samples: %s", exc)
     broker.recover()
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []
@@ -115,6 +122,8 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
         await runner.cleanup()
         for stale in (path, config.state_dir / TOKEN_NAME, config.state_dir / ENDPOINT_NAME):
             stale.unlink(missing_ok=True)
+        if broker.sampler:
+            broker.sampler.close()
         store.close()
         os.close(lock_fd)
     left = broker.state.unfinished

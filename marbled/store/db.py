@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -38,6 +38,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN not_before FLOAT"),
+    3: (),  # the gpu_samples table: a new table, made by create_all
 }
 
 
@@ -105,6 +106,21 @@ class EventRow(Base):
     data: Mapped[dict | None] = mapped_column(JSON)
 
 
+class GpuSampleRow(Base):
+    """NVML readings of the broker's GPUs every --sample-interval, with the job on each."""
+
+    __tablename__ = "gpu_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    node: Mapped[str] = mapped_column(String(128))
+    device: Mapped[str] = mapped_column(String(64))  # as in CUDA_VISIBLE_DEVICES
+    job_id: Mapped[int | None] = mapped_column(Integer, index=True)  # NULL: idle
+    util_gpu: Mapped[int] = mapped_column(Integer)  # percent
+    util_mem: Mapped[int] = mapped_column(Integer)  # percent
+    mem_used: Mapped[int] = mapped_column(Integer)  # bytes
+    mem_total: Mapped[int] = mapped_column(Integer)
+
+
 class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -153,17 +169,20 @@ class Store:
             return list(s.scalars(q))
 
     def runs(self, job_id: int | None = None) -> list[RunRow]:
-        with self.tx() as s:
-            q = select(RunRow).order_by(RunRow.started_at, RunRow.id)
-            if job_id is not None:
-                q = q.where(RunRow.job_id == job_id)
-            return list(s.scalars(q))
+        return self._of_job(RunRow, job_id, RunRow.started_at, RunRow.id)
 
     def events(self, job_id: int | None = None) -> list[EventRow]:
+        return self._of_job(EventRow, job_id, EventRow.id)
+
+    def gpu_samples(self, job_id: int | None = None) -> list[GpuSampleRow]:
+        return self._of_job(GpuSampleRow, job_id, GpuSampleRow.id)
+
+    def _of_job(self, row_type, job_id: int | None, *order) -> list:
+        """Every row of `row_type` in `order`, or those of one job."""
         with self.tx() as s:
-            q = select(EventRow).order_by(EventRow.id)
+            q = select(row_type).order_by(*order)
             if job_id is not None:
-                q = q.where(EventRow.job_id == job_id)
+                q = q.where(row_type.job_id == job_id)
             return list(s.scalars(q))
 
     def next_job_id(self) -> int:

@@ -41,6 +41,7 @@ def _as_version_1(path) -> None:
     con.execute("ALTER TABLE runs DROP COLUMN devices")
     for column in ("nodes", "retries", "failures", "not_before"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    con.execute("DROP TABLE gpu_samples")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.commit()
     con.close()
@@ -64,9 +65,10 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     (run,) = store.runs()
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "2"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "3"
+    assert store.gpu_samples() == []  # the table of version 3 exists
     store.close()
-    assert migrate(path) == 2  # nothing left to do
+    assert migrate(path) == 3  # nothing left to do
 
 
 def test_a_newer_state_directory_is_refused_untouched(tmp_path):
