@@ -563,14 +563,12 @@ class Broker:
                           reason=live.reason, ack=live.acked,
                           progress_step=progress.get("step"), target_steps=spec.steps)
         outcome, why, end_step = end.outcome, end.why, end.end_step
-        extra = {}
+        extra, retry_at = {}, None
         if outcome is JobState.FAILED:
             extra["stderr_tail"] = self._stderr_tail(job_id)
             cause = memory_cause(extra["stderr_tail"])
             if cause:
                 why, extra["cause"] = f"{why}: {cause}", cause
-        retry_at = None
-        if outcome is JobState.FAILED and not live.cancel:
             failures = self.store.jobs([job_id])[0].failures
             if failures < spec.retries:
                 delay = self.config.retry_delay * 2 ** failures
