@@ -24,12 +24,12 @@ import re
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from marbled.cli.client import BrokerClient, wait_until_serving
+from marbled.cli.client import BrokerClient
+from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
 from marbled.resources import PROJECT_ROOT, load_job_file
 
@@ -42,16 +42,8 @@ def allocate() -> str:
 
 
 def start(state: Path, launcher: str, time_scale: float, env: dict) -> subprocess.Popen:
-    args = ["--launcher", launcher, "--time-scale", str(time_scale),
-            "--monitor-interval", "0.1", "--prestart", "off"]
-    if launcher == "local":
-        args += ["--gpus", "6"]
-    state.mkdir(parents=True)
-    log = open(state / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
-    proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir",
-                             str(state), *args], stdout=log, stderr=log, env=env)
-    wait_until_serving(BrokerClient(socket_path(state)), proc)
-    return proc
+    return start_broker(state, "marble", 6 if launcher == "local" else None, time_scale,
+                        ("--launcher", launcher, "--prestart", "off"), env)
 
 
 def wait(predicate, timeout: float = 120.0):

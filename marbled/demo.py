@@ -31,14 +31,16 @@ PAPER_SECONDS = {
 }
 
 
-def start_broker(state_dir: Path, policy: str, gpus: int, time_scale: float,
-                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
+def start_broker(state_dir: Path, policy: str, gpus: int | None, time_scale: float,
+                 extra: tuple[str, ...] = (), env: dict | None = None) -> subprocess.Popen:
+    """A marbled on `gpus` emulated GPUs (None: the GPUs its launcher finds)."""
     argv = [sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir", str(state_dir),
-            "--gpus", str(gpus), "--policy", policy, "--time-scale", repr(time_scale),
-            "--monitor-interval", "0.1", "--log-level", "warning", *extra]
+            *(["--gpus", str(gpus)] if gpus else []), "--policy", policy,
+            "--time-scale", repr(time_scale), "--monitor-interval", "0.1",
+            "--log-level", "warning", *extra]
     state_dir.mkdir(parents=True, exist_ok=True)
     log = open(state_dir / "marbled.log", "ab")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
     try:
         wait_until_serving(BrokerClient(socket_path(state_dir)), proc)
     except RuntimeError as exc:

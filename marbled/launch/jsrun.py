@@ -50,7 +50,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -59,7 +58,7 @@ from pathlib import Path
 
 from marbled.allocation import Allocation
 from marbled.launch.base import LaunchRequest
-from marbled.launch.local import process_start_time
+from marbled.launch.local import process_start_time, start_process
 from marbled.launch.slurm import SlurmLauncher, SlurmStep
 from marbled.launch.step import rank_file
 
@@ -182,10 +181,7 @@ class JsrunLauncher:
                           request.argv, self.extra_args, erf_file, len(nodes))
         env = {**os.environ, **request.env}
         env.pop("CUDA_VISIBLE_DEVICES", None)  # JSM sets it inside the resource set
-        with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True)
+        proc = await start_process(argv, request, env)
         return JsrunStep(pid=proc.pid, pid_start=process_start_time(proc.pid),
                          info_file=info_file, run_id=run_id, job_id=self.allocation.job_id,
                          nodes=nodes, process=proc)

@@ -115,15 +115,14 @@ class LocalLauncher:
 
     async def launch(self, request: LaunchRequest) -> LocalRun:
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
-        with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *request.argv,
-                cwd=request.cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        proc = await start_process(request.argv, request, env)
         return LocalRun(proc, proc.pid, process_start_time(proc.pid))
 
+
+async def start_process(argv, request: LaunchRequest,
+                        env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start `argv` for a run: in its own session, output to the run's logs, no stdin."""
+    with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=err, start_new_session=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from marbled.allocation import Allocation
 from marbled.launch.base import LaunchRequest
-from marbled.launch.local import process_start_time
+from marbled.launch.local import process_start_time, start_process
 from marbled.launch.step import rank_file
 from marbled.worker.protocol import read_json
 
@@ -152,10 +152,7 @@ class SlurmLauncher:
         env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
         env.update(request.env)
         env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it inside the step
-        with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True)
+        proc = await start_process(argv, request, env)
         return SlurmStep(proc.pid, process_start_time(proc.pid), info_file, run_id,
                          self.allocation.job_id, nodes, proc)
 
