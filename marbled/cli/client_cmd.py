@@ -366,11 +366,14 @@ def _process_exists(pid: int) -> bool:
               show_default=True, help="Seconds from a suspension request to the exit.")
 @click.option("--time-slice", type=click.FloatRange(min=0.01), default=600.0,
               show_default=True, help="For the timeslice policy: seconds per slice.")
+@click.option("--preempt-guard", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="For the malleable policy: reshape only runs with more than this many "
+                   "seconds left.")
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True)
 def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
-             launch_overhead, suspend_overhead, time_slice, gantt, as_json):
+             launch_overhead, suspend_overhead, time_slice, preempt_guard, gantt, as_json):
     """What would each policy do with a workload? A simulation on the profile's curves.
 
     Runs the same policy code as marbled on a virtual clock and prints, per
@@ -401,8 +404,8 @@ def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
             mix = {m: 1.0 for m in ("resnet-50", "inception-v3", "resnet-101", "vgg-16")}
             arrivals = poisson(poisson_jobs, rate, mix, (500, 5000), seed)
         results = [
-            Simulator(book, get_policy(name, time_slice), per_node, nodes, launch_overhead,
-                      suspend_overhead).run(arrivals)
+            Simulator(book, get_policy(name, time_slice, preempt_guard), per_node, nodes,
+                      launch_overhead, suspend_overhead).run(arrivals)
             for name in (policies or sorted(POLICIES))
         ]
     except (ProfileError, JobFileError, TraceError, SpecError, OSError) as exc:

@@ -80,6 +80,7 @@ class Job:
     suspensions: int = 0
     run_started: float | None = None  # when its current (or last) run started
     not_before: float | None = None  # after a failure: waits out its retry back-off
+    expected_end: float | None = None  # the driver's estimate for the current run (None: unknown)
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -221,6 +222,7 @@ class State:
                     resume_on=None,
                     run_started=at,
                     not_before=None,
+                    expected_end=None,
                 )
             case Suspend(resume_on=resume_on):
                 if job.state is not JobState.RUNNING:
@@ -238,12 +240,17 @@ class State:
             raise TransitionError(f"job {job_id} is {job.state}, not running")
         return self._put(replace(
             job, state=JobState.SUSPENDED, placement=None, role=None,
-            suspensions=job.suspensions + 1, not_before=not_before,
+            suspensions=job.suspensions + 1, not_before=not_before, expected_end=None,
         ))
 
     def finished(self, job_id: int, state: JobState) -> Job:
         """The job ended for good: DONE, FAILED or CANCELLED."""
         return self._put(self._finish(self.jobs[job_id], state))
+
+    def expect(self, job_id: int, end: float | None) -> Job:
+        """The driver's estimate of when the job's current run ends (policies that weigh the
+        remaining time read it; the profile curve gives it)."""
+        return self._put(replace(self.jobs[job_id], expected_end=end))
 
     def drop_reservation(self, job_id: int) -> Job:
         """Forget the GPUs kept for a job's resume (it will wait in the FIFO instead)."""
@@ -255,7 +262,7 @@ class State:
             raise TransitionError(f"{state} is not a final state")
         if job.state.finished:
             raise TransitionError(f"job {job.id} already ended ({job.state})")
-        return replace(job, state=state, placement=None, resume_on=None)
+        return replace(job, state=state, placement=None, resume_on=None, expected_end=None)
 
     def _put(self, new: Job) -> Job:
         """Store `new` in place of the job's old version and update the indexes."""

@@ -159,7 +159,9 @@ class Broker:
                 (node, gpus), *others = parts
                 placement = Placement(node, gpus, tuple(others))
                 self.state.submit(replace(job, state=state, role=Role(run.role),
-                                          placement=placement))
+                                          placement=placement, expected_end=self._expected_end(
+                                              row.id, run.started_at, run.start_step or 0,
+                                              len(gpus))))
                 pid, pid_start = run.pid, run.pid_start
                 if pid is None:  # the broker died before it could record the pid
                     pid = find_run_process(str(self.job_dir(job.id)), run.id)
@@ -374,6 +376,7 @@ class Broker:
                            node=node_col, gpus=list(action.gpus), role=action.role.value,
                            step=start_step, **({"others": action.others} if action.others
                                                else {}))
+        self.state.expect(job.id, self._expected_end(job.id, now, start_step, len(action.gpus)))
         devices = tuple(self.config.nodes[action.node][g] for g in action.gpus)
         others = tuple((n, tuple(self.config.nodes[n][g] for g in gpus))
                        for n, gpus in action.others)
@@ -408,6 +411,17 @@ class Broker:
             self._stop(job.id, live, "cancelled by the user")
         elif self.draining:
             self._suspend_now(job.id, "shutdown")
+
+    def _expected_end(self, job_id: int, started_at: float, start_step: int,
+                      gpus: int) -> float | None:
+        """When a run should end by its profile curve (None without a curve or a step count);
+        policies that weigh the time left read it."""
+        spec = self.specs[job_id]
+        curve = self.config.book.lookup(spec.model) if spec.model else None
+        if curve is None or not spec.steps:
+            return None
+        scale = self.config.time_scale if spec.emulate else 1.0
+        return started_at + (spec.steps - start_step) / curve.throughput(gpus) * scale
 
     def _wake_at(self, when: float) -> None:
         """Decide again at Unix time `when` (a retry's back-off ends)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from marbled.api.server import build_app
-from marbled.core.policy import get_policy
+from marbled.core.policy import Policy
 from marbled.daemon.broker import Broker, BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
 from marbled.launch.base import Launcher
@@ -57,8 +57,8 @@ def prepare_state_dir(state_dir: Path) -> int:
     return fd
 
 
-async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
-                time_slice: float | None = None, launcher: Launcher | None = None,
+async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
+                launcher: Launcher | None = None,
                 listen: tuple[str, int] | None = None) -> int:
     """Serve until drained; the number of jobs left unfinished (to resume later).
 
@@ -72,10 +72,10 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
     except SchemaError as exc:
         os.close(lock_fd)
         raise StartupError(str(exc)) from None
-    store.set_meta(policy=policy_name, profile=config.book.system,
+    store.set_meta(policy=policy.name, profile=config.book.system,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
-    broker = Broker(config, store, launcher, get_policy(policy_name, time_slice))
+    broker = Broker(config, store, launcher, policy)
     if config.sample_interval > 0 and launcher.name == "local" \
             and not gpu_source.startswith("emulated"):
         try:
@@ -112,7 +112,7 @@ async def serve(config: BrokerConfig, policy_name: str, gpu_source: str,
         loop.add_signal_handler(sig, shutdown, why)
     nodes = ", ".join(f"{n}: {len(d)} GPUs" for n, d in config.nodes.items())
     log.info("marbled %d ready on %s (%s, policy %s, %s, %s launcher)", os.getpid(), path,
-             nodes, policy_name, gpu_source, launcher.name)
+             nodes, policy.name, gpu_source, launcher.name)
     if config.end_time is not None:
         log.info("the allocation ends at %s: every job is suspended %g s before",
                  time.ctime(config.end_time), config.drain_before)

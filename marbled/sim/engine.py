@@ -214,6 +214,7 @@ class Simulator:
                         overhead += self.launch_s * len(action.gpus)
                         finish = lv.progress_from + (spec.steps - lv.start_step) / rate
                         heapq.heappush(heap, (finish, version, job.id, "done"))
+                        state.expect(job.id, finish)
                     elif isinstance(action, Suspend):
                         lv = live[job.id]
                         lv.stop_at = t + self.suspend_s

@@ -1,4 +1,4 @@
-"""Property tests: both policies keep their invariants on random queues and random events.
+"""Property tests: every policy keeps their invariants on random queues and random events.
 
 A driver loop stands in for the daemon: it asks the policy for actions, applies
 them to the `State`, then lets a random event happen (a holder of GPUs ends,
@@ -26,6 +26,7 @@ from marbled.core.model import (
 )
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.policy.base import dependency_status
+from marbled.core.policy.malleable import GUARD_S
 
 MAX_ITERATIONS = 500
 
@@ -140,7 +141,7 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                         assert len(gpus) < job.demand
                 elif policy == "timeslice":
                     assert role is Role.PRIMARY and len(gpus) == job.demand
-                elif policy == "moldable":
+                elif policy in ("moldable", "malleable"):
                     low = 1 if job.malleable else job.demand
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
                     assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
@@ -150,6 +151,11 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     assert len(gpus) == want, f"rigid policy: job {job.id} on {gpus}"
             case Suspend(resume_on=target) if policy == "timeslice":
                 assert target is None and job.malleable and job.state is JobState.RUNNING
+            case Suspend(resume_on=target) if policy == "malleable":
+                assert target is None and job.malleable and job.state is JobState.RUNNING
+                assert job.expected_end is not None and job.expected_end > GUARD_S, (
+                    f"job {job.id} reshaped within the guard ({job.expected_end})")
+                assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
             case Suspend(resume_on=target):
                 assert policy == "marble", f"the {policy} policy never suspends"
                 assert job.malleable, f"rigid job {job.id} suspended"
@@ -182,7 +188,10 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
         assert state.jobs == snapshot.jobs, "decide() changed the state"
         check_decision(policy_name, snapshot, actions)
         for action in actions:
-            state.apply(action)
+            job = state.apply(action)
+            if isinstance(action, Start):  # ends far off (reshapable) or soon or unknown
+                state.expect(job.id, data.draw(st.sampled_from([1000.0, 100.0, None]),
+                                               label="expected end"))
             check_state(state)
         if not state.active():
             break

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from marbled.cli.client_cmd import main as marble
-from marbled.core.policy import get_policy
+from marbled.core.policy import POLICIES, get_policy
 from marbled.core.spec import JobSpec
 from marbled.resources import PROJECT_ROOT, load_profile
 from marbled.sim.engine import Simulator
@@ -103,3 +105,23 @@ def test_unprofiled_job_is_refused_by_the_simulator():
 
     with pytest.raises(SpecError, match="profiled model"):
         simulate("marble", [JobSpec(command=("true",), gpus=1)])
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_trains_every_step_once_and_never_shares_a_gpu(policy):
+    arrivals = poisson(150, 300.0, MIX, (500, 5000), seed=5)
+    r = simulate(policy, arrivals, nodes=2, launch_s=3.0, suspend_s=1.0)
+    for job_id, stats in r.jobs.items():
+        runs = sorted((run for run in r.runs if run.job == job_id), key=lambda run: run.start)
+        assert runs[0].start_step == 0 and runs[-1].end_step == stats.steps
+        assert runs[-1].reason == "done" and all(x.reason == "suspended" for x in runs[:-1])
+        for a, b in itertools.pairwise(runs):
+            assert a.end <= b.start and a.end_step == b.start_step
+    held = sorted((run.start, run.end, run.node, g) for run in r.runs for g in run.gpus)
+    last_end: dict[tuple[str, int], float] = {}
+    for start, end, node, g in held:
+        assert last_end.get((node, g), 0.0) <= start + 1e-9, f"{node} GPU {g} held twice"
+        last_end[(node, g)] = end
+    assert r.makespan >= r.lower_bound - 1e-9
+    if policy in ("marble", "malleable", "timeslice"):
+        assert r.suspensions > 0  # the workload exercises their suspensions

@@ -20,13 +20,12 @@ yet). Choices where the paper leaves room or does not fit a node-level broker:
   the node with most free GPUs if that holds at least p_min;
 * strict FIFO, as for the other policies: a job that fits nowhere blocks those
   behind it;
-* a job started on fewer GPUs than its demand is marked SECONDARY (for the
-  schedule; this policy never promotes it).
+* a job started on fewer GPUs than its demand is marked SECONDARY.
 """
 
 from __future__ import annotations
 
-from marbled.core.model import Role, Start, State
+from marbled.core.model import Job, Role, Start, State
 from marbled.core.policy.base import fifo_candidates
 
 
@@ -42,6 +41,55 @@ def dhondt(minimum: list[int], votes: list[int], seats: int) -> list[int]:
     return shares
 
 
+def p_min(job: Job) -> int:
+    return 1 if job.malleable else job.demand
+
+
+def equipartition(jobs: list[Job], vacant: int) -> list[int]:
+    """Each job's GPU share of `vacant` GPUs, in the order given (the three cases above)."""
+    low = [p_min(job) for job in jobs]
+    high = [job.demand for job in jobs]
+    if sum(low) >= vacant:
+        return low
+    if sum(high) <= vacant:
+        return high
+    return dhondt(low, high, vacant - sum(low))
+
+
+def first_jobs(jobs, vacant: int) -> list[Job]:
+    """The jobs, read only as far as it matters: once the p_min of those read fill the
+    vacant GPUs, it is the congested case and nobody further gets any."""
+    out, need = [], 0
+    for job in jobs:
+        out.append(job)
+        need += p_min(job)
+        if need >= vacant:
+            break
+    return out
+
+
+def fit(room: dict[str, int], share: int, low: int,
+        prefer: str | None = None) -> tuple[str, int] | None:
+    """(node, GPU count) for a job of `share` GPUs that accepts `low`, given the free GPUs
+    per node: the preferred node if its share fits there, else the first node it fits on,
+    else the node with most room if that holds `low`; None if no node does."""
+    if prefer is not None and room.get(prefer, 0) >= share:
+        return prefer, share
+    fits = [n for n in room if room[n] >= share]
+    if fits:
+        return fits[0], share
+    node = max(room, key=room.__getitem__)
+    return (node, room[node]) if room[node] >= low else None
+
+
+def start_share(job: Job, free: dict[str, list[int]], node: str, count: int) -> Start:
+    """Start `job` on the lowest `count` free GPUs of `node`, taken out of `free`; a job
+    below its demand is marked SECONDARY (for the schedule; it is never promoted)."""
+    gpus, free[node] = free[node][:count], free[node][count:]
+    role = Role.PRIMARY if count == job.demand else Role.SECONDARY
+    return Start(job.id, node, tuple(gpus), role)
+
+
 class MoldablePolicy:
     name = "moldable"
 
@@ -51,33 +99,12 @@ class MoldablePolicy:
         vacant = sum(len(g) for g in free.values())
         if not vacant:
             return actions
-        # Read the queue only as far as it matters: once the p_min of the jobs read
-        # fill the vacant GPUs, it is the congested case and nobody further gets any.
-        queue, p_min = [], []
-        for job in fifo_candidates(state, actions, now):
-            queue.append(job)
-            p_min.append(1 if job.malleable else job.demand)
-            if sum(p_min) >= vacant:
+        queue = first_jobs(fifo_candidates(state, actions, now), vacant)
+        for job, share in zip(queue, equipartition(queue, vacant), strict=True):
+            spot = fit({n: len(g) for n, g in free.items()}, share, p_min(job))
+            if spot is None:
                 break
-        p_max = [job.demand for job in queue]
-        if sum(p_min) >= vacant:
-            shares = p_min
-        elif sum(p_max) <= vacant:
-            shares = p_max
-        else:
-            shares = dhondt(p_min, p_max, vacant - sum(p_min))
-        for job, share, low in zip(queue, shares, p_min, strict=True):
-            fits = [n for n in free if len(free[n]) >= share]
-            if fits:
-                node = fits[0]
-            else:
-                node = max(free, key=lambda n: len(free[n]))
-                share = len(free[node])
-                if share < low:
-                    break
-            gpus, free[node] = free[node][:share], free[node][share:]
-            role = Role.PRIMARY if share == job.demand else Role.SECONDARY
-            actions.append(Start(job.id, node, tuple(gpus), role))
+            actions.append(start_share(job, free, *spot))
         return actions
 
     def next_decision(self, state: State, now: float) -> float | None:
