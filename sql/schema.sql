@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 3.
+-- marbled state database (marble.db in the broker's state directory), schema version 4.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -15,6 +15,7 @@ CREATE TABLE jobs (
 	failures INTEGER DEFAULT '0' NOT NULL, -- failed runs so far
 	not_before FLOAT,               -- a retry waits until then (back-off)
 	malleable BOOLEAN NOT NULL,     -- may run as secondary and be suspended/resumed
+	max_share INTEGER DEFAULT '1' NOT NULL, -- n > 1: may run on 1/n of a GPU (its profile says so)
 	command JSON NOT NULL,          -- argv list; [] for emulated jobs
 	emulate BOOLEAN NOT NULL,       -- marbled's EMULATED training job
 	"after" JSON NOT NULL,          -- job ids that must be done first
@@ -38,6 +39,7 @@ CREATE TABLE runs (
 	gpu_ids VARCHAR NOT NULL,       -- GPU slots of the node, e.g. '0,1,2'; per node: '0,1;4,5'
 	devices VARCHAR,                -- GPUs the run really got, as the batch system reported
 	gpu_count INTEGER NOT NULL,     -- on all its nodes
+	share INTEGER DEFAULT '1' NOT NULL, -- n > 1: the run had 1/n of its one GPU, shared
 	role VARCHAR(16) NOT NULL,      -- primary | secondary
 	started_at FLOAT NOT NULL,
 	ended_at FLOAT,                 -- NULL while it runs

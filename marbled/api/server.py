@@ -195,7 +195,7 @@ def _run_view(r) -> dict:
         "id": r.id, "job_id": r.job_id, "node": r.node,
         "gpus": [g for _, gpus in parts for g in gpus],
         "parts": [[node, list(gpus)] for node, gpus in parts],
-        "devices": r.devices.split(",") if r.devices else None,
+        "devices": r.devices.split(",") if r.devices else None, "share": r.share,
         "role": r.role, "started_at": r.started_at, "ended_at": r.ended_at,
         "start_step": r.start_step, "end_step": r.end_step, "exit_code": r.exit_code,
         "end_reason": r.end_reason, "pid": r.pid,

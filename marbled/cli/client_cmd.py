@@ -354,6 +354,10 @@ def _process_exists(pid: int) -> bool:
               help="Instead of --workload: N synthetic jobs with Poisson arrivals.")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=60.0, show_default=True,
               help="With --poisson: arrivals per hour.")
+@click.option("--models", default="resnet-50,inception-v3,resnet-101,vgg-16", show_default=True,
+              help="With --poisson: the models drawn, in equal shares (comma list).")
+@click.option("--steps", "step_range", default="500-5000", show_default=True,
+              help="With --poisson: each job's steps, drawn uniformly from LOW-HIGH.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="With --poisson: the random seed (the simulation itself is deterministic).")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True)
@@ -372,7 +376,7 @@ def _process_exists(pid: int) -> bool:
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
+def simulate(policies, workload, poisson_jobs, rate, models, step_range, seed, profile, nodes, gpus,
              launch_overhead, suspend_overhead, time_slice, preempt_guard, gantt, as_json):
     """What would each policy do with a workload? A simulation on the profile's curves.
 
@@ -401,8 +405,12 @@ def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
             path = workload_path(str(workload))
             arrivals = read_trace(path) if path.suffix == ".csv" else from_job_file(path)
         else:
-            mix = {m: 1.0 for m in ("resnet-50", "inception-v3", "resnet-101", "vgg-16")}
-            arrivals = poisson(poisson_jobs, rate, mix, (500, 5000), seed)
+            mix = dict.fromkeys((m.strip() for m in models.split(",") if m.strip()), 1.0)
+            unknown = [m for m in mix if book.lookup(m) is None]
+            if not mix or unknown:
+                raise click.BadParameter(f"{unknown or 'none given'}; the profile has "
+                                         f"{', '.join(book.models)}", param_hint="--models")
+            arrivals = poisson(poisson_jobs, rate, mix, _step_range(step_range), seed)
         results = [
             Simulator(book, get_policy(name, time_slice, preempt_guard), per_node, nodes,
                       launch_overhead, suspend_overhead).run(arrivals)
@@ -423,6 +431,18 @@ def simulate(policies, workload, poisson_jobs, rate, seed, profile, nodes, gpus,
     click.echo(comparison_table(results))
     if gantt:
         click.echo(f"Gantt chart: {gantt}")
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        pair = int(low), int(high or low)
+    except ValueError:
+        pair = (0, 0)
+    if not 1 <= pair[0] <= pair[1]:
+        raise click.BadParameter(f"'{text}' is not LOW-HIGH with 1 <= LOW <= HIGH, e.g. "
+                                 "500-5000", param_hint="--steps")
+    return pair
 
 
 @main.command()

@@ -46,11 +46,16 @@ class Node:
         return len(self.gpus)
 
 
+# A GPU shared by n runs gives each 1/n of it; MAX_SHARE is the most runs on one GPU.
+MAX_SHARE = 4
+
+
 @dataclass(frozen=True)
 class Placement:
     node: str
     gpus: tuple[int, ...]
     others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # further nodes of a multi-node run
+    share: int = 1  # > 1: the run has 1/share of its one GPU, beside other such runs
 
     def parts(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """(node, GPU slots) for every node of the run, the first node first."""
@@ -66,6 +71,7 @@ class Job:
     start as a secondary on fewer GPUs and be suspended; a rigid job (explicit
     `--gpus K`) runs on exactly its count and is never suspended. A job on
     `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary.
+    `max_share` > 1: its profile says it trains usefully on 1/max_share of a GPU.
     """
 
     id: int
@@ -81,6 +87,7 @@ class Job:
     run_started: float | None = None  # when its current (or last) run started
     not_before: float | None = None  # after a failure: waits out its retry back-off
     expected_end: float | None = None  # the driver's estimate for the current run (None: unknown)
+    max_share: int = 1  # the most runs it may share one GPU with (itself included)
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -106,6 +113,7 @@ class Start:
     gpus: tuple[int, ...]
     role: Role
     others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a multi-node job's further nodes
+    share: int = 1  # > 1: on 1/share of its one GPU, beside other such runs
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,7 @@ class State:
 
     def __post_init__(self) -> None:
         self._taken: dict[str, set[int]] = {name: set() for name in self.nodes}
+        self._shared: dict[tuple[str, int], dict[int, int]] = {}  # GPU -> {job: its share}
         self._waiting: list[int] = []  # ids of waiting jobs, ascending: the FIFO
         self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
@@ -177,6 +186,10 @@ class State:
     def engaged(self) -> list[Job]:
         """Jobs that hold or have reserved GPUs, oldest first."""
         return [self.jobs[i] for i in sorted(self._engaged)]
+
+    def sharing(self) -> dict[tuple[str, int], dict[int, int]]:
+        """GPUs shared by runs: (node, GPU) -> {job id: share}; a run with share n has 1/n."""
+        return {key: dict(runs) for key, runs in self._shared.items()}
 
     def nodes_with_free_gpus(self) -> list[str]:
         return [n for n, node in self.nodes.items() if len(self._taken[n]) < node.size]
@@ -211,14 +224,16 @@ class State:
         """Carry out `action` in the state; `at` is the time (for a Start: the run's start)."""
         job = self.jobs[action.job]
         match action:
-            case Start(node=node, gpus=gpus, role=role, others=others):
+            case Start(node=node, gpus=gpus, role=role, others=others, share=share):
                 if job.state not in (JobState.QUEUED, JobState.SUSPENDED):
                     raise TransitionError(f"cannot start job {job.id} in state {job.state}")
+                if share > 1 and (len(gpus) != 1 or others or share > job.max_share):
+                    raise TransitionError(f"job {job.id} cannot run on 1/{share} of {gpus}")
                 new = replace(
                     job,
                     state=JobState.RUNNING,
                     role=role,
-                    placement=Placement(node, tuple(gpus), others),
+                    placement=Placement(node, tuple(gpus), others, share),
                     resume_on=None,
                     run_started=at,
                     not_before=None,
@@ -264,16 +279,35 @@ class State:
             raise TransitionError(f"job {job.id} already ended ({job.state})")
         return replace(job, state=state, placement=None, resume_on=None, expected_end=None)
 
+    def _hold(self, job_id: int, p: Placement) -> None:
+        if p.share > 1:
+            self._shared.setdefault((p.node, p.gpus[0]), {})[job_id] = p.share
+            self._taken[p.node].add(p.gpus[0])
+            return
+        for node, gpus in p.parts():
+            self._taken[node].update(gpus)
+
+    def _release(self, job_id: int, p: Placement) -> None:
+        if p.share > 1:
+            key = (p.node, p.gpus[0])
+            del self._shared[key][job_id]
+            if not self._shared[key]:
+                del self._shared[key]
+                self._taken[p.node].discard(p.gpus[0])
+            return
+        for node, gpus in p.parts():
+            self._taken[node].difference_update(gpus)
+
     def _put(self, new: Job) -> Job:
         """Store `new` in place of the job's old version and update the indexes."""
         old = self.jobs.get(new.id)
         if old is not None:
             for p in (old.placement, old.resume_on):
-                for node, gpus in p.parts() if p is not None else ():
-                    self._taken[node].difference_update(gpus)
+                if p is not None:
+                    self._release(old.id, p)
         for p in (new.placement, new.resume_on):
-            for node, gpus in p.parts() if p is not None else ():
-                self._taken[node].update(gpus)
+            if p is not None:
+                self._hold(new.id, p)
         was_waiting = old is not None and old.waiting
         if was_waiting != new.waiting:
             if new.waiting:

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from marbled.core.model import MAX_SHARE
+
 
 class ProfileError(ValueError):
     """A profile document that cannot be used; the message names the place.
@@ -33,15 +35,27 @@ def model_key(name: str) -> str:
 class ThroughputCurve:
     model: str
     steps_per_second: tuple[float, ...]  # index g-1 holds the throughput on g GPUs
+    # (n, steps/s of one run on 1/n of a GPU shared with n-1 others); empty: never shares
+    shared: tuple[tuple[int, float], ...] = ()
 
     @property
     def max_gpus(self) -> int:
         return len(self.steps_per_second)
 
-    def throughput(self, gpus: int) -> float:
-        """Steps per second on `gpus` GPUs; beyond the profiled range the curve is flat."""
+    @property
+    def max_share(self) -> int:
+        """The most runs this model may share one GPU with (1: it never shares)."""
+        return max((n for n, _ in self.shared), default=1)
+
+    def throughput(self, gpus: int, share: int = 1) -> float:
+        """Steps per second on `gpus` GPUs (beyond the profiled range the curve is flat), or
+        with `share` > 1 on 1/share of one GPU: the figure of the next profiled larger
+        share (more of a GPU is never slower), without one 1/share of the 1-GPU speed."""
         if gpus < 1:
             raise ValueError("a job needs at least one GPU")
+        if share > 1:
+            return max((v for n, v in self.shared if n >= share),
+                       default=self.steps_per_second[0] / share)
         return self.steps_per_second[min(gpus, self.max_gpus) - 1]
 
     def step_time(self, gpus: int) -> float:
@@ -96,7 +110,8 @@ class ProfileBook:
             where = f"models.{name}"
             if not isinstance(entry, Mapping):
                 raise fail(where, "must be a mapping with 'steps_per_second'")
-            extra = set(entry) - {"steps_per_second", "aliases", "note"}
+            extra = set(entry) - {"steps_per_second", "shared_steps_per_second", "aliases",
+                                  "note"}
             if extra:
                 raise fail(where, f"unknown field(s) {sorted(extra)}")
             values = entry.get("steps_per_second")
@@ -109,7 +124,16 @@ class ProfileBook:
                     f"{where}.steps_per_second",
                     "must be a list of positive numbers, one per GPU count from 1",
                 )
-            curve = ThroughputCurve(str(name), tuple(float(v) for v in values))
+            shared = entry.get("shared_steps_per_second", {})
+            if (not isinstance(shared, Mapping)
+                    or not all(isinstance(n, int) and 2 <= n <= MAX_SHARE for n in shared)
+                    or not all(isinstance(v, int | float) and 0 < v <= values[0]
+                               for v in shared.values())):
+                raise fail(f"{where}.shared_steps_per_second",
+                           f"must map runs per GPU (2..{MAX_SHARE}) to the steps per second "
+                           "of one of them, positive and at most the 1-GPU throughput")
+            curve = ThroughputCurve(str(name), tuple(float(v) for v in values),
+                                    tuple(sorted((n, float(v)) for n, v in shared.items())))
             aliases = entry.get("aliases", [])
             if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
                 raise fail(f"{where}.aliases", "must be a list of strings")

@@ -135,6 +135,7 @@ class JobSpec:
 class Sizing:
     demand: int  # GPU count the policy aims for
     malleable: bool  # may run as a secondary and be suspended/resumed
+    max_share: int = 1  # > 1: may run on 1/max_share of a GPU (the profile says it can)
 
 
 def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int = 1) -> Sizing:
@@ -166,4 +167,5 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
             f"'{spec.model}' has no throughput curve in profile '{book.system}' "
             f"(known: {', '.join(book.models)}); give an explicit GPU count instead",
         )
-    return Sizing(curve.optimal_gpus(node_gpus), malleable=True)
+    return Sizing(curve.optimal_gpus(node_gpus), malleable=True,
+                  max_share=curve.max_share if spec.nodes == 1 else 1)

@@ -148,7 +148,8 @@ class Broker:
                 self.names[row.name] = row.id
             state = JobState(row.state)
             job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
-                      suspensions=row.suspensions, not_before=row.not_before)
+                      suspensions=row.suspensions, not_before=row.not_before,
+                      max_share=row.max_share)
             if row.not_before is not None:
                 self._wake_at(row.not_before)
             run = open_runs.get(row.id)
@@ -157,11 +158,11 @@ class Broker:
                 # Adopt the run: if its process still lives it is watched,
                 # if it ended while no broker watched, its exit is handled right away.
                 (node, gpus), *others = parts
-                placement = Placement(node, gpus, tuple(others))
+                placement = Placement(node, gpus, tuple(others), run.share)
                 self.state.submit(replace(job, state=state, role=Role(run.role),
                                           placement=placement, expected_end=self._expected_end(
                                               row.id, run.started_at, run.start_step or 0,
-                                              len(gpus))))
+                                              len(gpus), run.share)))
                 pid, pid_start = run.pid, run.pid_start
                 if pid is None:  # the broker died before it could record the pid
                     pid = find_run_process(str(self.job_dir(job.id)), run.id)
@@ -289,6 +290,7 @@ class Broker:
                 rows.append(JobRow(
                     id=first + i, name=spec.name, model=spec.model, steps=spec.steps,
                     gpus_request=spec.gpus, demand=sizing.demand, malleable=sizing.malleable,
+                    max_share=sizing.max_share,
                     nodes=spec.nodes, retries=spec.retries,
                     command=list(spec.command), emulate=spec.emulate, after=list(after),
                     state=JobState.QUEUED.value, step=0, suspensions=0, submitted_at=now,
@@ -300,7 +302,8 @@ class Broker:
         for i, (spec, sizing, after) in enumerate(zip(specs, sizings, resolved, strict=True)):
             job_id = first + i
             self.specs[job_id] = spec
-            self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after, spec.nodes))
+            self.state.submit(Job(job_id, sizing.demand, sizing.malleable, after, spec.nodes,
+                                  max_share=sizing.max_share))
         self.names.update(batch_names)
         self._next_id = first + len(specs)
         self._wake.set()
@@ -365,7 +368,7 @@ class Broker:
             parts = ((action.node, action.gpus), *action.others)
             node_col, gpus_col = placement_columns(parts)
             run = RunRow(job_id=job.id, node=node_col, gpu_ids=gpus_col,
-                         gpu_count=sum(len(g) for _, g in parts),
+                         gpu_count=sum(len(g) for _, g in parts), share=action.share,
                          role=action.role.value, started_at=now, start_step=start_step)
             s.add(run)
             s.flush()
@@ -375,12 +378,15 @@ class Broker:
             self.store.log(s, "resumed" if resumed else "started", job.id, run_id, at=now,
                            node=node_col, gpus=list(action.gpus), role=action.role.value,
                            step=start_step, **({"others": action.others} if action.others
-                                               else {}))
-        self.state.expect(job.id, self._expected_end(job.id, now, start_step, len(action.gpus)))
+                                               else {}),
+                           **({"share": action.share} if action.share > 1 else {}))
+        self.state.expect(job.id, self._expected_end(job.id, now, start_step, len(action.gpus),
+                                                     action.share))
         devices = tuple(self.config.nodes[action.node][g] for g in action.gpus)
         others = tuple((n, tuple(self.config.nodes[n][g] for g in gpus))
                        for n, gpus in action.others)
         run_env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_GPUS": str(len(devices)),
+                   "MARBLE_GPU_SHARE": str(action.share),
                    "MARBLE_ROLE": action.role.value, "MARBLE_LAUNCH_TIME": repr(time.time())}
         handle = await self.standby.take(job.id, {**run_env, "devices": devices})
         if handle is None:
@@ -413,7 +419,7 @@ class Broker:
             self._suspend_now(job.id, "shutdown")
 
     def _expected_end(self, job_id: int, started_at: float, start_step: int,
-                      gpus: int) -> float | None:
+                      gpus: int, share: int = 1) -> float | None:
         """When a run should end by its profile curve (None without a curve or a step count);
         policies that weigh the time left read it."""
         spec = self.specs[job_id]
@@ -421,7 +427,7 @@ class Broker:
         if curve is None or not spec.steps:
             return None
         scale = self.config.time_scale if spec.emulate else 1.0
-        return started_at + (spec.steps - start_step) / curve.throughput(gpus) * scale
+        return started_at + (spec.steps - start_step) / curve.throughput(gpus, share) * scale
 
     def _wake_at(self, when: float) -> None:
         """Decide again at Unix time `when` (a retry's back-off ends)."""

@@ -31,6 +31,12 @@ class SimRun:
     start_step: int
     end_step: int
     reason: str  # 'done' or 'suspended'
+    share: int = 1  # n > 1: on 1/n of its one GPU
+
+    @property
+    def gpu_fraction(self) -> float:
+        """The GPUs it held: a count, or 1/n of one."""
+        return len(self.gpus) / self.share
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class SimResult:
 
     @property
     def busy_gpu_seconds(self) -> float:
-        return sum(len(r.gpus) * (r.end - r.start) for r in self.runs)
+        return sum(r.gpu_fraction * (r.end - r.start) for r in self.runs)
 
     @property
     def utilization(self) -> float:
@@ -97,12 +103,12 @@ class SimResult:
     def suspensions(self) -> int:
         return sum(j.suspensions for j in self.jobs.values())
 
-    def busy_timeline(self) -> list[tuple[float, int]]:
+    def busy_timeline(self) -> list[tuple[float, float]]:
         """(time, GPUs held from then on), one point per change."""
         deltas: dict[float, int] = {}
         for r in self.runs:
-            deltas[r.start] = deltas.get(r.start, 0) + len(r.gpus)
-            deltas[r.end] = deltas.get(r.end, 0) - len(r.gpus)
+            deltas[r.start] = deltas.get(r.start, 0) + r.gpu_fraction
+            deltas[r.end] = deltas.get(r.end, 0) - r.gpu_fraction
         out, busy = [], 0
         for t in sorted(deltas):
             busy += deltas[t]
@@ -127,9 +133,12 @@ def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
     longest, gpu_time = 0.0, 0.0
     for a in arrivals:
         curve = book.lookup(a.spec.model)
-        counts = [a.spec.gpus] if a.spec.gpus else range(1, gpus_per_node + 1)
-        longest = max(longest, a.at + min(a.spec.steps / curve.throughput(g) for g in counts))
-        gpu_time += min(g * a.spec.steps / curve.throughput(g) for g in counts)
+        # (GPUs held, steps/s) of every way it may run: whole GPUs, or a share of one
+        ways = [(a.spec.gpus, curve.throughput(a.spec.gpus))] if a.spec.gpus else [
+            (g, curve.throughput(g)) for g in range(1, gpus_per_node + 1)] + [
+            (1 / n, v) for n, v in curve.shared]
+        longest = max(longest, a.at + min(a.spec.steps / v for _, v in ways))
+        gpu_time += min(held * a.spec.steps / v for held, v in ways)
     start = min((a.at for a in arrivals), default=0.0)
     return max(longest, start + gpu_time / (gpus_per_node * nodes))
 
@@ -188,7 +197,7 @@ class Simulator:
             job = state.jobs[job_id]
             self.runs.append(SimRun(job_id, job.placement.node, job.gpus, job.role,
                                     lv.run_start, t, round(lv.start_step), round(at_step),
-                                    reason))
+                                    reason, job.placement.share))
 
         while True:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
@@ -196,7 +205,8 @@ class Simulator:
                 next_arrival += 1
                 sizing = size_job(a.spec, self.book, self.gpus_per_node)
                 state.submit(Job(next_arrival, sizing.demand, sizing.malleable,
-                                 tuple(x for x in a.spec.after if isinstance(x, int))))
+                                 tuple(x for x in a.spec.after if isinstance(x, int)),
+                                 max_share=sizing.max_share))
                 done[next_arrival] = 0.0
             for _ in range(10_000):
                 actions = self.policy.decide(state, t)
@@ -206,12 +216,14 @@ class Simulator:
                     job = state.apply(action, t)
                     if isinstance(action, Start):
                         spec = arrivals[job.id - 1].spec
-                        rate = self.book.lookup(spec.model).throughput(len(action.gpus))
+                        rate = self.book.lookup(spec.model).throughput(len(action.gpus),
+                                                                       action.share)
+                        held = len(action.gpus) / action.share
                         version += 1
                         lv = _Live(t, t + self.launch_s, done[job.id], rate, version)
                         live[job.id] = lv
                         first_start.setdefault(job.id, t)
-                        overhead += self.launch_s * len(action.gpus)
+                        overhead += self.launch_s * held
                         finish = lv.progress_from + (spec.steps - lv.start_step) / rate
                         heapq.heappush(heap, (finish, version, job.id, "done"))
                         state.expect(job.id, finish)
@@ -257,7 +269,8 @@ class Simulator:
                 # The checkpoint holds the last whole step reached before the request.
                 reached = math.floor(lv.steps_at(lv.stop_at - self.suspend_s))
                 done[who] = float(reached)
-                overhead += self.suspend_s * len(state.jobs[who].gpus)
+                p = state.jobs[who].placement
+                overhead += self.suspend_s * len(p.gpus) / p.share
                 end_run(who, "suspended", reached)
                 state.suspended(who)
 

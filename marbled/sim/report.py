@@ -56,6 +56,7 @@ def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
                                       * len(results)))
     for ax, result in zip(axes[:, 0], results, strict=True):
         rows: dict[tuple[str, int], int] = {}
+        lanes: dict[tuple[str, int, int], list[float]] = {}  # a shared GPU's lanes: their ends
         for run in sorted(result.runs, key=lambda r: r.start):
             for g in run.gpus:
                 key = (run.node, g)
@@ -63,11 +64,17 @@ def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
                     if len(rows) >= max_gpus:
                         continue
                     rows[key] = len(rows)
-                ax.barh(rows[key], run.end - run.start, left=run.start, height=0.8,
+                # A run on 1/n of a GPU is a bar 1/n as high, in a lane free at its start.
+                ends = lanes.setdefault((*key, run.share), [0.0] * run.share)
+                lane = next((i for i, e in enumerate(ends) if e <= run.start), 0)
+                ends[lane] = run.end
+                height = 0.8 / run.share
+                y = rows[key] - 0.4 + height * (lane + 0.5)
+                ax.barh(y, run.end - run.start, left=run.start, height=height,
                         color=colors[(run.job - 1) % len(colors)], edgecolor="black",
                         linewidth=0.3, hatch="///" if run.role.value == "secondary" else None)
                 if run.end - run.start > horizon / 40 and len(result.jobs) <= 40:
-                    ax.text(run.start + (run.end - run.start) / 2, rows[key], str(run.job),
+                    ax.text(run.start + (run.end - run.start) / 2, y, str(run.job),
                             ha="center", va="center", fontsize=7)
         ax.set_yticks(range(len(rows)), [f"{n}/gpu{g}" for n, g in rows], fontsize=7)
         ax.invert_yaxis()

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -39,6 +39,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN not_before FLOAT"),
     3: (),  # the gpu_samples table: a new table, made by create_all
+    4: ("ALTER TABLE jobs ADD COLUMN max_share INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE runs ADD COLUMN share INTEGER NOT NULL DEFAULT 1"),
 }
 
 
@@ -63,6 +65,7 @@ class JobRow(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     not_before: Mapped[float | None] = mapped_column(Float)  # retry back-off ends
     malleable: Mapped[bool] = mapped_column(Boolean)
+    max_share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     command: Mapped[list] = mapped_column(JSON)
     emulate: Mapped[bool] = mapped_column(Boolean, default=False)
     after: Mapped[list] = mapped_column(JSON, default=list)
@@ -85,6 +88,7 @@ class RunRow(Base):
     gpu_ids: Mapped[str] = mapped_column(String)  # comma list of GPU slots, e.g. "0,1,2"
     devices: Mapped[str | None] = mapped_column(String)  # the GPUs the run saw, if reported
     gpu_count: Mapped[int] = mapped_column(Integer)  # on all its nodes
+    share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # n: 1/n of it
     role: Mapped[str] = mapped_column(String(16))
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)

@@ -9,6 +9,7 @@ The broker starts every run with:
   MARBLE_TARGET_STEPS            the step count the job should end at (if known)
   MARBLE_LAUNCH_TIME             when the broker launched this run (Unix time)
   CUDA_VISIBLE_DEVICES, MARBLE_GPUS   the GPUs of this run, and how many
+  MARBLE_GPU_SHARE               n > 1: the run has 1/n of its one GPU (shared with others)
 
 Suspension: the broker writes `suspend.json` (naming the run) and sends SIGTSTP
 to the job's process group. The handler only sets a flag. At the next step
@@ -107,6 +108,7 @@ class JobProtocol:
     broker_pid: int | None = None
     target_steps: int | None = None
     gpus: int = 0
+    share: int = 1  # n > 1: 1/n of the one GPU
     start_step: int | None = None  # where this run began (after restoring its checkpoint)
     suspend_requested: bool = False
     signalled_at: float | None = None
@@ -128,6 +130,7 @@ class JobProtocol:
             broker_pid=_int_env("MARBLE_BROKER_PID"),
             target_steps=_int_env("MARBLE_TARGET_STEPS"),
             gpus=_int_env("MARBLE_GPUS") or len(devices),
+            share=_int_env("MARBLE_GPU_SHARE") or 1,
             rank=next((int(env[v]) for v in RANK_VARS if env.get(v, "").isdigit()), 0),
         )
         with contextlib.suppress(ValueError):
@@ -225,6 +228,7 @@ class JobProtocol:
         os.environ.update({k: str(v) for k, v in go.items()})
         self.run_id = int(go["MARBLE_RUN_ID"])
         self.gpus = int(go["MARBLE_GPUS"])
+        self.share = int(go.get("MARBLE_GPU_SHARE", 1))
         self.phases["go"] = time.time()
 
     # -- step boundaries, shared by the framework helpers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marbled.core.model import Job, Role, Start, State
 from marbled.core.policy import get_policy
-from marbled.core.policy.moldable import dhondt
+from marbled.core.policy.equipartition import dhondt
 
 
 def decide(gpus: int, *jobs: Job) -> list:

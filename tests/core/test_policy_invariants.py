@@ -52,11 +52,12 @@ def scenarios(draw) -> Scenario:
     for i in range(1, count + 1):
         demand = draw(st.integers(1, max(sizes)))
         malleable = draw(st.booleans())
+        max_share = draw(st.sampled_from([1, 1, 2, 4])) if malleable else 1
         after: tuple[int, ...] = ()
         if i > 1 and draw(st.integers(0, 3)) == 0:
             deps = draw(st.sets(st.integers(1, i - 1), min_size=1, max_size=3))
             after = tuple(sorted(deps))
-        jobs.append(Job(i, demand, malleable, after))
+        jobs.append(Job(i, demand, malleable, after, max_share=max_share))
     return Scenario(sizes, tuple(jobs))
 
 
@@ -67,6 +68,7 @@ def check_state(state: State) -> None:
     """What must hold after every transition."""
     holders: dict[tuple[str, int], int] = {}
     reserved: dict[tuple[str, int], int] = {}
+    shared: dict[tuple[str, int], float] = {}  # GPU -> the part of it its sharers hold
     for job in state.jobs.values():
         if job.placement is not None:
             p = job.placement
@@ -76,9 +78,17 @@ def check_state(state: State) -> None:
             assert len(p.gpus) == len(set(p.gpus)), f"job {job.id} holds a GPU twice: {p}"
             assert 1 <= len(p.gpus) <= node.size
             assert set(p.gpus) <= set(node.gpus), f"job {job.id}: {p} not GPUs of {node}"
+            if p.share > 1:
+                assert len(p.gpus) == 1 and p.share <= job.max_share, f"job {job.id}: {p}"
+                key = (p.node, p.gpus[0])
+                shared[key] = shared.get(key, 0.0) + 1 / p.share
+                assert shared[key] <= 1 + 1e-9, f"GPU {key} shared beyond its whole"
+                assert key not in holders, f"GPU {key} held by {holders[key]} and shared"
+                continue
             for g in p.gpus:
                 key = (p.node, g)
                 assert key not in holders, f"GPU {key} held by {holders[key]} and {job.id}"
+                assert key not in shared, f"GPU {key} shared and held by {job.id}"
                 holders[key] = job.id
         else:
             assert not job.state.holds_gpus, f"job {job.id} is {job.state} without GPUs"
@@ -132,6 +142,8 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     assert job.state is JobState.SUSPENDED and job.resume_on is not None
                     assert (node_name, tuple(gpus)) == (job.resume_on.node, job.resume_on.gpus)
                     assert role is Role.PRIMARY
+                if policy not in ("moldable", "malleable"):
+                    assert action.share == 1, f"{policy} shares a GPU"
                 if policy == "marble":
                     if role is Role.PRIMARY:
                         assert len(gpus) == job.demand, f"primary {job.id} on {gpus}"
@@ -144,7 +156,9 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 elif policy in ("moldable", "malleable"):
                     low = 1 if job.malleable else job.demand
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
-                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
+                    assert action.share <= job.max_share, f"job {job.id} on 1/{action.share}"
+                    assert (role is Role.PRIMARY) == (
+                        len(gpus) == job.demand and action.share == 1)
                 else:
                     assert role is Role.PRIMARY
                     want = node.size if job.malleable else job.demand
@@ -193,6 +207,11 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
                 state.expect(job.id, data.draw(st.sampled_from([1000.0, 100.0, None]),
                                                label="expected end"))
             check_state(state)
+        started = {a.job for a in actions if isinstance(a, Start)}
+        if started:  # with no event in between, nobody just started is moved again
+            again = policy.decide(state)
+            assert not [a for a in again if isinstance(a, Suspend) and a.job in started], (
+                f"jobs started and at once suspended: {again}")
         if not state.active():
             break
         events = [("end", j.id) for j in state.jobs.values() if j.state.holds_gpus]

@@ -38,8 +38,9 @@ def test_staff_reports_run_on_a_store(tmp_path):
 def _as_version_1(path) -> None:
     """Turn a current database back into what marbled with schema version 1 wrote."""
     con = sqlite3.connect(path)
-    con.execute("ALTER TABLE runs DROP COLUMN devices")
-    for column in ("nodes", "retries", "failures", "not_before"):
+    for column in ("devices", "share"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    for column in ("nodes", "retries", "failures", "not_before", "max_share"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("DROP TABLE gpu_samples")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -64,11 +65,12 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     store = Store(path)
     (run,) = store.runs()
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
+    assert (run.share, store.jobs()[0].max_share) == (1, 1)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "3"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "4"
     assert store.gpu_samples() == []  # the table of version 3 exists
     store.close()
-    assert migrate(path) == 3  # nothing left to do
+    assert migrate(path) == 4  # nothing left to do
 
 
 def test_a_newer_state_directory_is_refused_untouched(tmp_path):

@@ -1,0 +1,232 @@
+"""Equipartition (Fujiwara et al.): how many GPUs, or how much of one, each job gets.
+
+The moldable policy shares out the free GPUs among the waiting jobs; the
+malleable one shares out the free GPUs and those of the running jobs it may
+reshape. Both call `plan()`. Each job may get between p_min and p_max: p_max is
+its demand (the profile's optimal count); p_min is its demand for a rigid job,
+1 GPU for a malleable one, and 1/max_share of a GPU for one whose profile says
+it tolerates sharing. With Q the jobs and A the vacant GPUs:
+
+1. light, sum(p_max) <= |A|: every job gets p_max;
+2. sum(p_min) < |A| (in whole GPUs): every job gets p_min and the spare GPUs go
+   out one at a time by D'Hondt, votes = p_max (the next GPU to the job with
+   the largest p_max / (s + 1); ties to the older job);
+3. congested, otherwise: every job gets p_min; jobs that may share are spread
+   over the GPUs with room, each to the GPU with fewest runs so far (the
+   paper's case 4), and the runs a decision puts on one GPU split what is free
+   of it evenly, in halves, thirds or quarters.
+
+Shares are counted in twelfths of a GPU (UNITS), so 1/2, 1/3 and 1/4 are exact.
+Where the paper leaves room: a job lives on one node (its own node first, then
+the first with room, else the node with most room if that holds p_min); strict
+FIFO (a job that fits nowhere stops the walk); a GPU's split keeps every run
+on it within its own max_share (the paper's guard on p_min, enforced as the
+runs are spread, so no run is dropped afterwards); among equal choices a
+running job keeps its own GPUs and the others avoid them, so a job whose
+share does not change is not moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from marbled.core.model import MAX_SHARE, Job, Placement, Role, Start, State
+
+UNITS = 12  # a GPU in twelfths
+
+
+@dataclass(frozen=True)
+class Grant:
+    node: str
+    gpus: tuple[int, ...]
+    share: int = 1  # > 1: 1/share of the one GPU
+
+    def same_as(self, p: Placement | None) -> bool:
+        return p is not None and (p.node, tuple(sorted(p.gpus)), p.share) == (
+            self.node, self.gpus, self.share)
+
+    def start(self, job: Job) -> Start:
+        """Start `job` here; below its demand it is marked SECONDARY (never promoted)."""
+        whole = self.share == 1 and len(self.gpus) == job.demand
+        return Start(job.id, self.node, self.gpus, Role.PRIMARY if whole else Role.SECONDARY,
+                     share=self.share)
+
+
+def shares(job: Job) -> bool:
+    return job.malleable and job.max_share > 1
+
+
+def p_min(job: Job) -> int:
+    """In whole GPUs (a job that may share counts 1 here)."""
+    return 1 if job.malleable else job.demand
+
+
+def p_min_units(job: Job) -> int:
+    return UNITS // job.max_share if shares(job) else UNITS * p_min(job)
+
+
+def dhondt(minimum: list[int], votes: list[int], seats: int) -> list[int]:
+    """Add `seats` to `minimum`, each to the largest votes/(share+1) below its vote."""
+    out = list(minimum)
+    for _ in range(seats):
+        open_ = [k for k in range(len(out)) if out[k] < votes[k]]
+        if not open_:
+            break
+        best = max(open_, key=lambda k: (votes[k] / (out[k] + 1), -k))
+        out[best] += 1
+    return out
+
+
+def fit(room: dict[str, int], share: int, low: int,
+        prefer: str | None = None) -> tuple[str, int] | None:
+    """(node, GPU count) for a job of `share` GPUs that accepts `low`, given the vacant GPUs
+    per node: the preferred node if its share fits there, else the first node it fits on,
+    else the node with most room if that holds `low`; None if no node does."""
+    if prefer is not None and room.get(prefer, 0) >= share:
+        return prefer, share
+    first = next((n for n in room if room[n] >= share), None)
+    if first is not None:
+        return first, share
+    node = max(room, key=room.__getitem__)
+    return (node, room[node]) if room[node] >= low else None
+
+
+def split(free_units: int, runs: int) -> int | None:
+    """n such that `runs` runs of 1/n each fit in `free_units` (the largest such share);
+    None if even quarters do not."""
+    return next((n for n in range(1, MAX_SHARE + 1) if runs * (UNITS // n) <= free_units),
+                None)
+
+
+def free_units(state: State) -> dict[str, dict[int, int]]:
+    """node -> GPU -> free twelfths, for every GPU with room (vacant or shared)."""
+    out = {n: dict.fromkeys(state.free(n), UNITS) for n in state.nodes_with_free_gpus()}
+    for (node, g), runs in state.sharing().items():
+        left = UNITS - sum(UNITS // n for n in runs.values())
+        if left > 0:
+            out.setdefault(node, {})[g] = left
+    return in_node_order(state, out)
+
+
+def in_node_order(state: State, free: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    """The same GPUs with the nodes in the state's order: plans must not depend on which
+    node happened to come first (a plan that moves with it would reshape forever)."""
+    return {n: free[n] for n in state.nodes if n in free}
+
+
+def plan(candidates: Iterable[Job], free: dict[str, dict[int, int]],
+         homes: dict[int, Placement]) -> dict[int, Grant]:
+    """Grants for the first jobs of `candidates` (FIFO order), on `free` (node -> GPU ->
+    free twelfths; UNITS = vacant). `homes`: where running candidates are now."""
+    total = sum(u for gpus in free.values() for u in gpus.values())
+    if not total:
+        return {}
+    jobs, need = [], 0  # read the queue only as far as it can matter
+    for job in candidates:
+        jobs.append(job)
+        need += p_min_units(job)
+        if need >= total:
+            break
+    held = {(p.node, g) for p in homes.values() for g in p.gpus}
+    # Vacant GPUs per node: those no running candidate holds first, so it can keep them.
+    vacant = _Vacant({n: sorted((g for g, u in gpus.items() if u == UNITS),
+                                key=lambda g, n=n: ((n, g) in held, g))
+                      for n, gpus in free.items()})
+    low, high = [p_min(j) for j in jobs], [j.demand for j in jobs]
+    whole = sum(vacant.room.values())
+    if sum(high) <= whole:
+        return _whole(jobs, high, vacant, homes)
+    if sum(low) < whole:
+        return _whole(jobs, dhondt(low, high, whole - sum(low)), vacant, homes)
+    return _congested(jobs, free, vacant, homes)
+
+
+class _Vacant:
+    """The vacant GPUs of each node, in the order they are handed out, and their count."""
+
+    def __init__(self, gpus: dict[str, list[int]]):
+        self.gpus = gpus
+        self.room = {n: len(v) for n, v in gpus.items()}
+
+    def first(self) -> tuple[str, int] | None:
+        return next(((n, v[0]) for n, v in self.gpus.items() if v), None)
+
+    def take(self, node: str, count: int, home: Placement | None) -> tuple[int, ...]:
+        """`count` of the node's vacant GPUs: the job's own if they are, else the first."""
+        mine = [g for g in self.gpus[node] if home and home.node == node and g in home.gpus]
+        chosen = mine if len(mine) == count else self.gpus[node][:count]
+        self.gpus[node] = [g for g in self.gpus[node] if g not in chosen]
+        self.room[node] -= count
+        return tuple(sorted(chosen))
+
+    def place(self, job: Job, count: int, homes: dict[int, Placement]) -> Grant | None:
+        """`job` on `count` GPUs (or as many as p_min allows) of one node, if any fits."""
+        home = homes.get(job.id)
+        if home is not None and len(home.gpus) == count and home.share == 1:
+            mine = self.gpus[home.node]
+            if all(g in mine for g in home.gpus):  # it stays where it is (the common case)
+                self.gpus[home.node] = [g for g in mine if g not in home.gpus]
+                self.room[home.node] -= count
+                return Grant(home.node, tuple(sorted(home.gpus)))
+        spot = fit(self.room, count, p_min(job), home.node if home else None)
+        return Grant(spot[0], self.take(spot[0], spot[1], home)) if spot else None
+
+
+def _whole(jobs: list[Job], counts: list[int], vacant: _Vacant,
+           homes: dict[int, Placement]) -> dict[int, Grant]:
+    grants = {}
+    for job, count in zip(jobs, counts, strict=True):
+        grant = vacant.place(job, count, homes)
+        if grant is None:
+            break  # strict FIFO: the jobs behind it get nothing this time
+        grants[job.id] = grant
+    return grants
+
+
+def _congested(jobs: list[Job], free: dict[str, dict[int, int]], vacant: _Vacant,
+               homes: dict[int, Placement]) -> dict[int, Grant]:
+    """Every job p_min; jobs that may share spread over the GPUs with room (case 4)."""
+    grants: dict[int, Grant] = {}
+    spread: dict[tuple[str, int], list[Job]] = {}  # GPU -> jobs sharing it from now on
+    partial = [(n, g) for n, gpus in free.items() for g, u in gpus.items() if u < UNITS]
+    for job in jobs:
+        if not shares(job):
+            grant = vacant.place(job, p_min(job), homes)
+            if grant is None:
+                break
+            grants[job.id] = grant
+            continue
+        home = homes.get(job.id)
+        own = (home.node, home.gpus[0]) if home and len(home.gpus) == 1 else None
+        if own and own[1] in vacant.gpus[own[0]]:
+            key = own  # a vacant GPU has the fewest runs: none; its own first
+        else:
+            key = vacant.first() or _least_shared(job, own, spread, partial, free)
+        if key is None:
+            break
+        spread.setdefault(key, []).append(job)
+        if key[1] in vacant.gpus[key[0]]:
+            vacant.take(key[0], 1, None if key != own else home)
+    for (node, g), sharing in spread.items():
+        n = split(free[node][g], len(sharing))
+        for job in sharing:
+            grants[job.id] = Grant(node, (g,), n)
+    return grants
+
+
+def _least_shared(job: Job, own, spread: dict[tuple[str, int], list[Job]],
+                  partial: list[tuple[str, int]],
+                  free: dict[str, dict[int, int]]) -> tuple[str, int] | None:
+    """With no vacant GPU left: the GPU where `job` makes the fewest runs (one already
+    shared before this decision counts one more), its own first, where the split keeps
+    every run on it within its max_share."""
+    best = None
+    for key in dict.fromkeys([*spread, *partial]):
+        with_it = [*spread.get(key, []), job]
+        n = split(free[key[0]][key[1]], len(with_it))
+        if n is None or n > min(j.max_share for j in with_it):
+            continue
+        rank = (len(with_it) + (free[key[0]][key[1]] < UNITS), key != own, key)
+        best = min(best, rank) if best else rank
+    return best[2] if best else None
