@@ -88,9 +88,10 @@ def test_a_job_that_may_not_share_gets_whole_gpus_and_the_rest_share():
     state.submit(Job(2, 1, True))  # malleable, but its profile has no sharing figure
     state.submit(small(3))
     state.submit(small(4))
-    # 1 and 3 each alone on a GPU so far; 4 joins the first of them, 1 on GPU 0.
+    # 1 and 3 each alone on a GPU so far; 4 joins the first of them, 1 on GPU 0. Job 2's
+    # whole GPU is a count until the end of the plan: it gets the one left.
     assert placed(decide(state)) == {
-        1: ("node0", (0,), 2), 2: ("node0", (1,), 1), 3: ("node0", (2,), 1),
+        1: ("node0", (0,), 2), 2: ("node0", (2,), 1), 3: ("node0", (1,), 1),
         4: ("node0", (0,), 2)}
 
 

@@ -21,9 +21,12 @@ Where the paper leaves room: a job lives on one node (its own node first, then
 the first with room, else the node with most room if that holds p_min); strict
 FIFO (a job that fits nowhere stops the walk); a GPU's split keeps every run
 on it within its own max_share (the paper's guard on p_min, enforced as the
-runs are spread, so no run is dropped afterwards); among equal choices a
-running job keeps its own GPUs and the others avoid them, so a job whose
-share does not change is not moved.
+runs are spread, so no run is dropped afterwards); a running job keeps its
+own GPUs when its count and node stay (whole GPUs are counts until the plan
+ends, then those jobs take their own first), and a running job on part of a
+GPU stays there while it fits, so nobody is moved for nothing. A plan must
+not depend on the order nodes happen to come in (`in_node_order`): one that
+did reshaped jobs it had just started.
 """
 
 from __future__ import annotations
@@ -143,76 +146,108 @@ def plan(candidates: Iterable[Job], free: dict[str, dict[int, int]],
 
 
 class _Vacant:
-    """The vacant GPUs of each node, in the order they are handed out, and their count."""
+    """The vacant GPUs of each node, how many are not yet promised, and the promises.
+
+    Whole-GPU grants are counts until `assign()`: then the running jobs left on their
+    node with their count keep their own GPUs, and the others take what is left, so
+    nobody is moved only because an earlier job took the GPU it stands on.
+    """
 
     def __init__(self, gpus: dict[str, list[int]]):
-        self.gpus = gpus
+        self.gpus = gpus  # in the order they are handed out
         self.room = {n: len(v) for n, v in gpus.items()}
+        self.promised: list[tuple[Job, str, int, Placement | None]] = []
+        self.claimed: set[tuple[str, int]] = set()  # GPUs promised to the jobs on them
+
+    def unclaimed(self, node: str, g: int) -> bool:
+        return self.room[node] > 0 and g in self.gpus[node] and (node, g) not in self.claimed
 
     def first(self) -> tuple[str, int] | None:
-        return next(((n, v[0]) for n, v in self.gpus.items() if v), None)
+        """A vacant GPU no promise stands on (there is one wherever room is left)."""
+        return next(((n, g) for n, v in self.gpus.items() if self.room[n] > 0
+                     for g in v if (n, g) not in self.claimed), None)
 
-    def take(self, node: str, count: int, home: Placement | None) -> tuple[int, ...]:
-        """`count` of the node's vacant GPUs: the job's own if they are, else the first."""
-        mine = [g for g in self.gpus[node] if home and home.node == node and g in home.gpus]
-        chosen = mine if len(mine) == count else self.gpus[node][:count]
-        self.gpus[node] = [g for g in self.gpus[node] if g not in chosen]
-        self.room[node] -= count
-        return tuple(sorted(chosen))
+    def remove(self, node: str, g: int) -> None:
+        self.gpus[node].remove(g)
+        self.room[node] -= 1
 
-    def place(self, job: Job, count: int, homes: dict[int, Placement]) -> Grant | None:
-        """`job` on `count` GPUs (or as many as p_min allows) of one node, if any fits."""
+    def promise(self, job: Job, count: int, homes: dict[int, Placement]) -> bool:
+        """`count` GPUs (or as many as p_min allows) of one node for `job`, if any fits."""
         home = homes.get(job.id)
-        if home is not None and len(home.gpus) == count and home.share == 1:
-            mine = self.gpus[home.node]
-            if all(g in mine for g in home.gpus):  # it stays where it is (the common case)
-                self.gpus[home.node] = [g for g in mine if g not in home.gpus]
-                self.room[home.node] -= count
-                return Grant(home.node, tuple(sorted(home.gpus)))
         spot = fit(self.room, count, p_min(job), home.node if home else None)
-        return Grant(spot[0], self.take(spot[0], spot[1], home)) if spot else None
+        if spot is None:
+            return False
+        self.room[spot[0]] -= spot[1]
+        self.promised.append((job, *spot, home))
+        if self._stays(spot[0], spot[1], home):
+            self.claimed.update((home.node, g) for g in home.gpus)
+        return True
+
+    def _stays(self, node: str, count: int, home: Placement | None) -> bool:
+        return home is not None and (home.node, len(home.gpus), home.share) == (
+            node, count, 1) and all(self.unclaimed_or_mine(node, g) for g in home.gpus)
+
+    def unclaimed_or_mine(self, node: str, g: int) -> bool:
+        return g in self.gpus[node] and (node, g) not in self.claimed
+
+    def assign(self) -> dict[int, Grant]:
+        grants = {}
+        for job, node, _, home in self.promised:
+            if home is not None and all((node, g) in self.claimed for g in home.gpus):
+                self.gpus[node] = [g for g in self.gpus[node] if g not in home.gpus]
+                grants[job.id] = Grant(node, tuple(sorted(home.gpus)))
+        for job, node, count, _ in self.promised:
+            if job.id not in grants:
+                chosen, self.gpus[node] = self.gpus[node][:count], self.gpus[node][count:]
+                grants[job.id] = Grant(node, tuple(sorted(chosen)))
+        return grants
 
 
 def _whole(jobs: list[Job], counts: list[int], vacant: _Vacant,
            homes: dict[int, Placement]) -> dict[int, Grant]:
-    grants = {}
     for job, count in zip(jobs, counts, strict=True):
-        grant = vacant.place(job, count, homes)
-        if grant is None:
+        if not vacant.promise(job, count, homes):
             break  # strict FIFO: the jobs behind it get nothing this time
-        grants[job.id] = grant
-    return grants
+    return vacant.assign()
 
 
 def _congested(jobs: list[Job], free: dict[str, dict[int, int]], vacant: _Vacant,
                homes: dict[int, Placement]) -> dict[int, Grant]:
     """Every job p_min; jobs that may share spread over the GPUs with room (case 4)."""
-    grants: dict[int, Grant] = {}
     spread: dict[tuple[str, int], list[Job]] = {}  # GPU -> jobs sharing it from now on
     partial = [(n, g) for n, gpus in free.items() for g, u in gpus.items() if u < UNITS]
     for job in jobs:
         if not shares(job):
-            grant = vacant.place(job, p_min(job), homes)
-            if grant is None:
+            if not vacant.promise(job, p_min(job), homes):
                 break
-            grants[job.id] = grant
             continue
         home = homes.get(job.id)
         own = (home.node, home.gpus[0]) if home and len(home.gpus) == 1 else None
-        if own and own[1] in vacant.gpus[own[0]]:
-            key = own  # a vacant GPU has the fewest runs: none; its own first
+        if own and (vacant.unclaimed(*own) or (
+                own not in vacant.claimed and own[1] not in vacant.gpus[own[0]]
+                and _fits(job, own, spread, free))):
+            key = own  # a running job stays on its GPU while it fits there
         else:
             key = vacant.first() or _least_shared(job, own, spread, partial, free)
         if key is None:
             break
         spread.setdefault(key, []).append(job)
         if key[1] in vacant.gpus[key[0]]:
-            vacant.take(key[0], 1, None if key != own else home)
+            vacant.remove(*key)
+    grants = vacant.assign()
     for (node, g), sharing in spread.items():
         n = split(free[node][g], len(sharing))
         for job in sharing:
             grants[job.id] = Grant(node, (g,), n)
     return grants
+
+
+def _fits(job: Job, key: tuple[str, int], spread: dict[tuple[str, int], list[Job]],
+          free: dict[str, dict[int, int]]) -> bool:
+    """Can `job` join the runs planned on GPU `key`, every run within its max_share?"""
+    with_it = [*spread.get(key, []), job]
+    n = split(free[key[0]].get(key[1], 0), len(with_it))
+    return n is not None and n <= min(j.max_share for j in with_it)
 
 
 def _least_shared(job: Job, own, spread: dict[tuple[str, int], list[Job]],
@@ -223,10 +258,9 @@ def _least_shared(job: Job, own, spread: dict[tuple[str, int], list[Job]],
     every run on it within its max_share."""
     best = None
     for key in dict.fromkeys([*spread, *partial]):
-        with_it = [*spread.get(key, []), job]
-        n = split(free[key[0]][key[1]], len(with_it))
-        if n is None or n > min(j.max_share for j in with_it):
+        if not _fits(job, key, spread, free):
             continue
+        with_it = [*spread.get(key, []), job]
         rank = (len(with_it) + (free[key[0]][key[1]] < UNITS), key != own, key)
         best = min(best, rank) if best else rank
     return best[2] if best else None
