@@ -1,6 +1,7 @@
 """How fast the simulator replays a large trace: N Poisson jobs on nodes x 6 GPUs.
 
     .venv/bin/python benchmarks/simulator_speed.py [--jobs 10000] [--nodes 64] [--repeat 3]
+                                                   [--policy P ...]
 
 Prints the median wall time per policy over the repeats (one core; the simulator is
 single-threaded) and the schedule's size, so a change that alters the schedule shows.
@@ -27,12 +28,14 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rate", type=float, default=2000.0, help="arrivals per hour")
+    ap.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                    help="time only this policy (repeatable; default: all)")
     args = ap.parse_args()
     book = load_profile()
     arrivals = poisson(args.jobs, args.rate, MIX, (500, 5000), seed=1)
     print(f"{args.jobs} jobs, {args.nodes} nodes x 6 GPUs, {args.rate:g} arrivals/h, "
           f"median of {args.repeat}")
-    for name in sorted(POLICIES):
+    for name in args.policy or sorted(POLICIES):
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()

@@ -373,11 +373,14 @@ def _process_exists(pid: int) -> bool:
 @click.option("--preempt-guard", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="For the malleable policy: reshape only runs with more than this many "
                    "seconds left.")
+@click.option("--grow-after", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="For the elastic policy: seconds a run lasts before its GPUs may double.")
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(policies, workload, poisson_jobs, rate, models, step_range, seed, profile, nodes, gpus,
-             launch_overhead, suspend_overhead, time_slice, preempt_guard, gantt, as_json):
+def simulate(policies, workload, poisson_jobs, rate, models, step_range, seed, profile, nodes,
+             gpus, launch_overhead, suspend_overhead, time_slice, preempt_guard, grow_after, gantt,
+             as_json):
     """What would each policy do with a workload? A simulation on the profile's curves.
 
     Runs the same policy code as marbled on a virtual clock and prints, per
@@ -412,8 +415,8 @@ def simulate(policies, workload, poisson_jobs, rate, models, step_range, seed, p
                                          f"{', '.join(book.models)}", param_hint="--models")
             arrivals = poisson(poisson_jobs, rate, mix, _step_range(step_range), seed)
         results = [
-            Simulator(book, get_policy(name, time_slice, preempt_guard), per_node, nodes,
-                      launch_overhead, suspend_overhead).run(arrivals)
+            Simulator(book, get_policy(name, time_slice, preempt_guard, grow_after), per_node,
+                      nodes, launch_overhead, suspend_overhead).run(arrivals)
             for name in (policies or sorted(POLICIES))
         ]
     except (ProfileError, JobFileError, TraceError, SpecError, OSError) as exc:

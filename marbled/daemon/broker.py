@@ -124,6 +124,7 @@ class Broker:
         self._end_reached = False
         self.started_at = time.time()
         self._wake = asyncio.Event()
+        self._due: float | None = None  # when the policy wants to decide again, unasked
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._cancel_pending: set[int] = set()
@@ -201,6 +202,7 @@ class Broker:
             self._wake.clear()
             if not self.draining:
                 await self._reconcile()
+                self._due = self.policy.next_decision(self.state, time.time())
         self._idle.set()
 
     async def _reconcile(self) -> None:
@@ -224,9 +226,9 @@ class Broker:
             self.check_acks()
             if self.sampler and time.time() >= self._sampled_at + self.config.sample_interval:
                 self._record_gpu_samples()
-            due = self.policy.next_decision(self.state, time.time())
-            if due is not None and due <= time.time():
-                self._wake.set()  # a time-driven policy (time slices) wants to decide
+            if self._due is not None and self._due <= time.time():
+                self._due = None  # set again after the decision
+                self._wake.set()  # a time-driven policy (slices, stable periods) wants to decide
             end = self.config.end_time
             if (end is not None and not self._end_reached
                     and time.time() >= end - self.config.drain_before):

@@ -96,7 +96,7 @@ def check_state(state: State) -> None:
             r = job.resume_on
             assert job.state in (JobState.SUSPENDING, JobState.SUSPENDED)
             assert set(r.gpus) <= set(state.nodes[r.node].gpus)
-            assert len(r.gpus) == len(set(r.gpus)) == job.demand
+            assert len(r.gpus) == len(set(r.gpus)) and 1 <= len(r.gpus) <= job.demand
             for g in r.gpus:
                 key = (r.node, g)
                 assert key not in reserved, f"GPU {key} reserved for {reserved[key]} and {job.id}"
@@ -141,7 +141,7 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 else:
                     assert job.state is JobState.SUSPENDED and job.resume_on is not None
                     assert (node_name, tuple(gpus)) == (job.resume_on.node, job.resume_on.gpus)
-                    assert role is Role.PRIMARY
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 if policy not in ("moldable", "malleable"):
                     assert action.share == 1, f"{policy} shares a GPU"
                 if policy == "marble":
@@ -153,6 +153,10 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                         assert len(gpus) < job.demand
                 elif policy == "timeslice":
                     assert role is Role.PRIMARY and len(gpus) == job.demand
+                elif policy == "elastic":
+                    if job.waiting:  # starts small: one GPU, or a rigid job's count
+                        assert len(gpus) == (1 if job.malleable else job.demand)
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy in ("moldable", "malleable"):
                     low = 1 if job.malleable else job.demand
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
@@ -165,6 +169,12 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     assert len(gpus) == want, f"rigid policy: job {job.id} on {gpus}"
             case Suspend(resume_on=target) if policy == "timeslice":
                 assert target is None and job.malleable and job.state is JobState.RUNNING
+            case Suspend(resume_on=target) if policy == "elastic":
+                assert job.malleable and job.state is JobState.RUNNING
+                assert target is not None and target.node == job.placement.node
+                mine, new = set(job.gpus), set(target.gpus)
+                assert new < mine or mine < new, f"elastic: {job.gpus} -> {target.gpus}"
+                assert len(target.gpus) <= job.demand
             case Suspend(resume_on=target) if policy == "malleable":
                 assert target is None and job.malleable and job.state is JobState.RUNNING
                 assert job.expected_end is not None and job.expected_end > GUARD_S, (

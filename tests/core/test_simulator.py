@@ -123,5 +123,5 @@ def test_every_policy_trains_every_step_once_and_never_shares_a_gpu(policy):
         assert last_end.get((node, g), 0.0) <= start + 1e-9, f"{node} GPU {g} held twice"
         last_end[(node, g)] = end
     assert r.makespan >= r.lower_bound - 1e-9
-    if policy in ("marble", "malleable", "timeslice"):
+    if policy in ("marble", "malleable", "timeslice", "elastic"):
         assert r.suspensions > 0  # the workload exercises their suspensions

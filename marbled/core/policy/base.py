@@ -16,7 +16,10 @@ class Policy(Protocol):
         ...
 
     def next_decision(self, state: State, now: float) -> float | None:
-        """When the policy wants to decide again with no event (None: only on events)."""
+        """When the policy wants to decide again with no event (None: only on events).
+
+        Drivers ask after each decision and decide again at that time unless an event
+        comes first; a time at or before `now` asks for a decision at every poll."""
         ...
 
 

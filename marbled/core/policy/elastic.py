@@ -1,0 +1,94 @@
+"""Elastic sizing in the manner of ONES (Bian et al., 2021), in GPU counts.
+
+ONES grows and shrinks each job's batch size and GPU count online. Its rules,
+expressed in what this broker can do (suspend at a step, resume on another
+count from the checkpoint):
+
+* a new job starts small: on one GPU (a rigid job: its count), in FIFO order;
+* when a job waits and no GPU is free, the running job with most GPUs gives
+  half of them up (ONES takes GPUs from the largest jobs until every new job
+  has one): it is suspended and resumed on the first half of its GPUs;
+* free GPUs go to running jobs that have run stably for `stable_s` (ONES: a
+  few epochs), smallest remaining GPU-time first (ONES's SRUF objective:
+  GPUs held times the time left, from the driver's `expected_end`): each such
+  job doubles its count, up to its demand (the profile's fastest count), on
+  its own node, by suspend and resume on its GPUs plus free ones.
+
+What ONES has and this does not: batch-size scaling and its learning-rate
+rule, the evolutionary search over placements, a progress predictor, and
+resizing in about a second without a checkpoint (here each resize costs a
+suspend and a resume).
+"""
+
+from __future__ import annotations
+
+from marbled.core.model import Job, JobState, Placement, Role, Start, State, Suspend
+from marbled.core.policy.base import fifo_candidates
+
+STABLE_S = 300.0
+
+
+def _role(job: Job, count: int) -> Role:
+    return Role.PRIMARY if count == job.demand else Role.SECONDARY
+
+
+class ElasticPolicy:
+    name = "elastic"
+
+    def __init__(self, stable_s: float = STABLE_S):
+        if stable_s < 0:
+            raise ValueError("the stable period cannot be negative")
+        self.stable_s = stable_s
+
+    def decide(self, state: State, now: float = 0.0) -> list:
+        actions: list = [Start(j.id, j.resume_on.node, j.resume_on.gpus,
+                               _role(j, len(j.resume_on.gpus))) for j in state.resumable()]
+        engaged = state.engaged()
+        if actions or any(j.state is JobState.SUSPENDING for j in engaged):
+            return actions  # a resize is under way: decide on what it leaves
+        free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
+        for job in fifo_candidates(state, actions, now):
+            count = job.demand if not job.malleable else 1
+            node = next((n for n in free if len(free[n]) >= count), None)
+            if node is None:
+                return actions + self._make_room(engaged)
+            gpus, free[node] = free[node][:count], free[node][count:]
+            actions.append(Start(job.id, node, tuple(gpus), _role(job, count)))
+        return actions + self._grow(engaged, free, now)
+
+    @staticmethod
+    def _make_room(engaged: list[Job]) -> list:
+        """Halve the running job with most GPUs (oldest first on ties), if any has two."""
+        # Cheapest test first: under load nearly every job holds one GPU.
+        big = [j for j in engaged if len(j.gpus) > 1 and j.malleable
+               and j.state is JobState.RUNNING and j.nodes == 1 and j.placement.share == 1]
+        if not big:
+            return []
+        job = max(big, key=lambda j: (len(j.gpus), -j.id))
+        keep = job.gpus[: len(job.gpus) // 2]
+        return [Suspend(job.id, Placement(job.placement.node, keep), "elastic: make room")]
+
+    def _grow(self, engaged: list[Job], free: dict[str, list[int]], now: float) -> list:
+        """Double stable jobs into the free GPUs, smallest remaining GPU-time first."""
+        stable = [j for j in engaged if j.state is JobState.RUNNING and j.malleable
+                  and j.nodes == 1 and j.placement.share == 1 and len(j.gpus) < j.demand
+                  and j.expected_end is not None and j.expected_end - now > self.stable_s
+                  and j.run_started is not None and now - j.run_started >= self.stable_s]
+        actions = []
+        for job in sorted(stable, key=lambda j: (len(j.gpus) * (j.expected_end - now), j.id)):
+            node = job.placement.node
+            extra = min(2 * len(job.gpus), job.demand) - len(job.gpus)
+            if len(free.get(node, ())) >= extra:
+                taken, free[node] = free[node][:extra], free[node][extra:]
+                target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
+                actions.append(Suspend(job.id, target, "elastic: grow"))
+        return actions
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        """When the next running job becomes stable enough to grow, while GPUs are free."""
+        if not state.nodes_with_free_gpus():
+            return None
+        due = [(j.run_started or 0.0) + self.stable_s for j in state.engaged()
+               if j.state is JobState.RUNNING and j.malleable and len(j.gpus) < j.demand
+               and (j.run_started or 0.0) + self.stable_s > now]
+        return min(due, default=None)
