@@ -67,3 +67,18 @@ def test_nothing_to_halve_means_the_newcomer_waits():
     apply(state, POLICY.decide(state, 0.0), 0.0)
     assert state.jobs[3].state is JobState.QUEUED
     assert POLICY.decide(state, 10.0) == []
+
+
+def test_a_job_near_its_end_does_not_grow_and_no_start_while_one_resizes():
+    state = State.single_node(4)
+    for i in (1, 2):
+        state.submit(Job(i, 2, True))
+    apply(state, POLICY.decide(state, 0.0), 0.0, ends={1: 500.0, 2: 9000.0})
+    # At 300 s job 1 has 200 s left (< 300 s): only job 2 doubles.
+    grow = POLICY.decide(state, 300.0)
+    assert grow == [Suspend(2, Placement("node0", (1, 2)), "elastic: grow")]
+    state.apply(grow[0], 300.0)  # job 2 is still checkpointing (SUSPENDING)
+    state.submit(Job(3, 1, True))
+    assert POLICY.decide(state, 301.0) == []  # GPU 3 is free, but a resize is under way
+    state.suspended(2)
+    assert POLICY.decide(state, 302.0)[0] == Start(2, "node0", (1, 2), Role.PRIMARY)
