@@ -42,6 +42,14 @@ def _width(fmt: str) -> str:
     return f"{align}{width}"
 
 
+def gpu_rows(runs: list) -> list[tuple[str, int]]:
+    """The GPUs the runs used, as (node, GPU): nodes in the order of first use, GPUs in order."""
+    nodes: dict[str, int] = {}
+    for run in sorted(runs, key=lambda r: r.start):
+        nodes.setdefault(run.node, len(nodes))
+    return sorted({(r.node, g) for r in runs for g in r.gpus}, key=lambda k: (nodes[k[0]], k[1]))
+
+
 def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
     """One panel per policy: a row per GPU, a bar per run (hatched: secondary)."""
     import matplotlib
@@ -55,15 +63,14 @@ def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
                              figsize=(11, 1.2 + 0.28 * min(max_gpus, results[0].total_gpus)
                                       * len(results)))
     for ax, result in zip(axes[:, 0], results, strict=True):
-        rows: dict[tuple[str, int], int] = {}
+        runs = sorted(result.runs, key=lambda r: r.start)
+        rows = {key: i for i, key in enumerate(gpu_rows(runs)[:max_gpus])}
         lanes: dict[tuple[str, int, int], list[float]] = {}  # a shared GPU's lanes: their ends
-        for run in sorted(result.runs, key=lambda r: r.start):
+        for run in runs:
             for g in run.gpus:
                 key = (run.node, g)
                 if key not in rows:
-                    if len(rows) >= max_gpus:
-                        continue
-                    rows[key] = len(rows)
+                    continue
                 # A run on 1/n of a GPU is a bar 1/n as high, in a lane free at its start.
                 ends = lanes.setdefault((*key, run.share), [0.0] * run.share)
                 lane = next((i for i, e in enumerate(ends) if e <= run.start), 0)

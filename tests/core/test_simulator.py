@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,7 @@ from marbled.core.policy import POLICIES, get_policy
 from marbled.core.spec import JobSpec
 from marbled.resources import PROJECT_ROOT, load_profile
 from marbled.sim.engine import Simulator
+from marbled.sim.report import gpu_rows
 from marbled.sim.workloads import Arrival, from_job_file, poisson
 
 BOOK = load_profile("summit-v100")
@@ -85,6 +87,16 @@ def test_simulate_command_prints_json_and_draws_a_gantt(tmp_path):
     by_policy = {r["policy"]: r for r in doc["results"]}
     assert by_policy["marble"]["makespan_s"] < by_policy["rigid"]["makespan_s"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gantt_rows_are_in_gpu_order_node_by_node():
+    # Rows used to follow first use: GPUs 2, 3 (run listed first) above GPUs 0, 1.
+    run = types.SimpleNamespace
+    runs = [run(node="node0", gpus=(2, 3), start=0.0), run(node="node0", gpus=(0, 1), start=0.0),
+            run(node="node1", gpus=(0,), start=5.0), run(node="node0", gpus=(4,), start=1.0)]
+    assert gpu_rows(runs) == [("node0", 0), ("node0", 1), ("node0", 2), ("node0", 3),
+                              ("node0", 4), ("node1", 0)]
+    assert gpu_rows([]) == []
 
 
 def test_simulate_command_table_and_errors(tmp_path):
