@@ -346,7 +346,8 @@ def _process_exists(pid: int) -> bool:
 
 @main.command()
 @click.option("--policy", "policies", multiple=True, type=click.Choice(sorted(POLICIES)),
-              help="Policy to simulate; repeat to compare. [default: every policy]")
+              help="Policy to simulate; repeat to compare (docs/simulator.md says what "
+                   "each does). [default: every policy]")
 @click.option("--workload", type=click.Path(path_type=Path, dir_okay=False),
               help="A job-set YAML (all jobs at t=0), a CSV trace (see docs/traces.md), or "
                    "a name in workloads/ such as paper-jobset3.")
@@ -360,8 +361,10 @@ def _process_exists(pid: int) -> bool:
               help="With --poisson: each job's steps, drawn uniformly from LOW-HIGH.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="With --poisson: the random seed (the simulation itself is deterministic).")
-@click.option("--profile", default=DEFAULT_PROFILE, show_default=True)
-@click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True)
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+              help="Throughput curves: a name in profiles/ or a YAML path.")
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True,
+              help="Nodes in the simulated allocation, --gpus each.")
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node. [default: the profile's gpus_per_node]")
 @click.option("--launch-overhead", type=click.FloatRange(min=0), default=0.0, show_default=True,
