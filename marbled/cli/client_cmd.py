@@ -13,6 +13,8 @@ import click
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
 from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.policy import POLICIES
+from marbled.core.policy.elastic import STABLE_S
+from marbled.core.policy.malleable import GUARD_S
 from marbled.core.profiles import ProfileError
 from marbled.core.spec import JobSpec, SpecError
 from marbled.paths import TOKEN_NAME, default_state_dir, socket_path
@@ -373,10 +375,10 @@ def _process_exists(pid: int) -> bool:
               show_default=True, help="Seconds from a suspension request to the exit.")
 @click.option("--time-slice", type=click.FloatRange(min=0.01), default=600.0,
               show_default=True, help="For the timeslice policy: seconds per slice.")
-@click.option("--preempt-guard", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--preempt-guard", type=click.FloatRange(min=0), default=GUARD_S, show_default=True,
               help="For the malleable policy: reshape only runs with more than this many "
                    "seconds left.")
-@click.option("--grow-after", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--grow-after", type=click.FloatRange(min=0), default=STABLE_S, show_default=True,
               help="For the elastic policy: seconds a run lasts before its GPUs may double.")
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
