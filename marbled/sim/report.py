@@ -44,10 +44,11 @@ def _width(fmt: str) -> str:
 
 def gpu_rows(runs: list) -> list[tuple[str, int]]:
     """The GPUs the runs used, as (node, GPU): nodes in the order of first use, GPUs in order."""
-    nodes: dict[str, int] = {}
-    for run in sorted(runs, key=lambda r: r.start):
-        nodes.setdefault(run.node, len(nodes))
-    return sorted({(r.node, g) for r in runs for g in r.gpus}, key=lambda k: (nodes[k[0]], k[1]))
+    first: dict[str, float] = {}
+    for run in runs:
+        first[run.node] = min(first.get(run.node, run.start), run.start)
+    return sorted({(r.node, g) for r in runs for g in r.gpus},
+                  key=lambda k: (first[k[0]], k[0], k[1]))
 
 
 def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:

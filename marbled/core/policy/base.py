@@ -68,6 +68,16 @@ def take_nodes(free: dict[str, list[int]], count: int,
     return parts
 
 
+def role_for(job: Job, gpus: int, share: int = 1) -> Role:
+    """PRIMARY on the job's whole demand, else SECONDARY (never promoted)."""
+    return Role.PRIMARY if share == 1 and gpus == job.demand else Role.SECONDARY
+
+
+def resizing(jobs: list[Job]) -> bool:
+    """Is one of these jobs still checkpointing for a suspend (its GPUs not yet free)?"""
+    return any(j.state is JobState.SUSPENDING for j in jobs)
+
+
 def start_on(job: Job, parts: list[tuple[str, tuple[int, ...]]], role: Role) -> Start:
     (node, gpus), *others = parts
     return Start(job.id, node, gpus, role, tuple(others))

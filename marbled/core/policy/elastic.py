@@ -22,14 +22,10 @@ suspend and a resume).
 
 from __future__ import annotations
 
-from marbled.core.model import Job, JobState, Placement, Role, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.model import Job, JobState, Placement, Start, State, Suspend
+from marbled.core.policy.base import fifo_candidates, resizing, role_for, start_on, take_nodes
 
 STABLE_S = 300.0
-
-
-def _role(job: Job, count: int) -> Role:
-    return Role.PRIMARY if count == job.demand else Role.SECONDARY
 
 
 class ElasticPolicy:
@@ -42,18 +38,17 @@ class ElasticPolicy:
 
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = [Start(j.id, j.resume_on.node, j.resume_on.gpus,
-                               _role(j, len(j.resume_on.gpus))) for j in state.resumable()]
+                               role_for(j, len(j.resume_on.gpus))) for j in state.resumable()]
         engaged = state.engaged()
-        if actions or any(j.state is JobState.SUSPENDING for j in engaged):
+        if actions or resizing(engaged):
             return actions  # a resize is under way: decide on what it leaves
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, actions, now):
             count = job.demand if not job.malleable else 1
-            node = next((n for n in free if len(free[n]) >= count), None)
-            if node is None:
+            parts = take_nodes(free, 1, lambda _node, count=count: count)
+            if parts is None:
                 return actions + self._make_room(engaged)
-            gpus, free[node] = free[node][:count], free[node][count:]
-            actions.append(Start(job.id, node, tuple(gpus), _role(job, count)))
+            actions.append(start_on(job, parts, role_for(job, count)))
         return actions + self._grow(engaged, free, now)
 
     @staticmethod

@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from marbled.core.model import MAX_SHARE, Job, Placement, Role, Start, State
+from marbled.core.model import MAX_SHARE, Job, Placement, Start, State
+from marbled.core.policy.base import role_for
 
 UNITS = 12  # a GPU in twelfths
 
@@ -51,8 +52,7 @@ class Grant:
 
     def start(self, job: Job) -> Start:
         """Start `job` here; below its demand it is marked SECONDARY (never promoted)."""
-        whole = self.share == 1 and len(self.gpus) == job.demand
-        return Start(job.id, self.node, self.gpus, Role.PRIMARY if whole else Role.SECONDARY,
+        return Start(job.id, self.node, self.gpus, role_for(job, len(self.gpus), self.share),
                      share=self.share)
 
 

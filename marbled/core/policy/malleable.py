@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 
 from marbled.core.model import Job, JobState, State, Suspend
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.policy.base import fifo_candidates, resizing
 from marbled.core.policy.equipartition import UNITS, free_units, in_node_order, plan
 
 GUARD_S = 300.0  # Fujiwara et al.: preempt only tasks with more than 300 s to go
@@ -50,7 +50,7 @@ class MalleablePolicy:
     def decide(self, state: State, now: float = 0.0) -> list:
         actions: list = []
         engaged = state.engaged()
-        if any(j.state is JobState.SUSPENDING for j in engaged):
+        if resizing(engaged):
             return actions  # a reshape is under way: decide on the GPUs it leaves
         movable = [j for j in engaged if self.movable(j, now)]
         free = free_units(state)
