@@ -420,8 +420,9 @@ def simulate(policies, workload, poisson_jobs, rate, models, step_range, seed, p
                                          f"{', '.join(book.models)}", param_hint="--models")
             arrivals = poisson(poisson_jobs, rate, mix, _step_range(step_range), seed)
         results = [
-            Simulator(book, get_policy(name, time_slice, preempt_guard, grow_after), per_node,
-                      nodes, launch_overhead, suspend_overhead).run(arrivals)
+            Simulator(book, get_policy(name, time_slice=time_slice, preempt_guard=preempt_guard,
+                                       grow_after=grow_after), per_node, nodes, launch_overhead,
+                      suspend_overhead).run(arrivals)
             for name in (policies or sorted(POLICIES))
         ]
     except (ProfileError, JobFileError, TraceError, SpecError, OSError) as exc:

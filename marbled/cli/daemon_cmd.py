@@ -201,7 +201,8 @@ def main(state_dir, emulated_gpus, policy, time_slice, preempt_guard, grow_after
                     "side (ask for more with --cpus-per-task)", node,
                     allocation.cpus.get(node, 0), len(devices))
     try:
-        chosen = get_policy(policy, time_slice, preempt_guard, grow_after)
+        chosen = get_policy(policy, time_slice=time_slice, preempt_guard=preempt_guard,
+                            grow_after=grow_after)
         left = asyncio.run(serve(config, chosen, source, runner, listen))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None

@@ -134,6 +134,19 @@ class Cancel:
 Action = Start | Suspend | Cancel
 
 
+def dependency_status(job: Job, state: State) -> str:
+    """'ready', 'wait' (a dependency is still to finish) or 'broken' (one failed, was
+    cancelled or does not exist)."""
+    status = "ready"
+    for dep in job.after:
+        other = state.jobs.get(dep)
+        if other is None or other.state in (JobState.FAILED, JobState.CANCELLED):
+            return "broken"
+        if other.state is not JobState.DONE:
+            status = "wait"
+    return status
+
+
 class TransitionError(ValueError):
     """An event that does not fit the job's current state (a driver bug)."""
 
@@ -160,6 +173,7 @@ class State:
         self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
+        self._with_deps: set[int] = set()  # never started and waiting for dependencies
         self._unfinished = 0
         jobs, self.jobs = self.jobs, {}
         for job in jobs.values():
@@ -170,10 +184,6 @@ class State:
         return cls(nodes={name: Node(name, tuple(range(gpus)))})
 
     # -- queries
-
-    def taken(self, node: str) -> set[int]:
-        """GPUs of `node` held by a running job or reserved for a resume."""
-        return set(self._taken[node])
 
     def free(self, node: str) -> list[int]:
         taken = self._taken[node]
@@ -201,6 +211,12 @@ class State:
     def resumable(self) -> list[Job]:
         """Suspended jobs whose resume has GPUs reserved, oldest first."""
         return [self.jobs[i] for i in sorted(self._resumable)]
+
+    def broken(self) -> list[int]:
+        """Queued jobs whose dependency failed, was cancelled or does not exist, oldest first:
+        they can never start."""
+        return sorted(i for i in self._with_deps
+                      if dependency_status(self.jobs[i], self) == "broken")
 
     @property
     def unfinished(self) -> int:
@@ -326,6 +342,10 @@ class State:
             self._resumable.add(new.id)
         else:
             self._resumable.discard(new.id)
+        if new.after and new.state is JobState.QUEUED:
+            self._with_deps.add(new.id)
+        else:
+            self._with_deps.discard(new.id)
         self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
         self.jobs[new.id] = new
         return new

@@ -58,9 +58,6 @@ class ThroughputCurve:
                        default=self.steps_per_second[0] / share)
         return self.steps_per_second[min(gpus, self.max_gpus) - 1]
 
-    def step_time(self, gpus: int) -> float:
-        return 1.0 / self.throughput(gpus)
-
     def optimal_gpus(self, limit: int | None = None) -> int:
         """The GPU count (at most `limit`) with the best throughput."""
         n = self.max_gpus if limit is None else min(limit, self.max_gpus)

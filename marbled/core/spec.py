@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from marbled.core.errors import Invalid
 from marbled.core.profiles import ProfileBook
 
 MAX_STEPS = 10**12
@@ -15,12 +16,11 @@ MAX_NODES = 10_000
 MAX_RETRIES = 100
 
 
-class SpecError(ValueError):
+class SpecError(Invalid, ValueError):
     """Bad input; `field` names what to fix."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+        super().__init__(f"{field}: {message}", field)
         self.message = message
 
 

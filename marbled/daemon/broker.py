@@ -235,7 +235,7 @@ class Broker:
                 self._end_reached = True
                 self._spawn(self.drain(f"the allocation ends at {time.ctime(end)}"))
             if (self.config.prestart == "ahead" and not self.draining
-                    and getattr(self.policy, "promotes_secondaries", False)):
+                    and self.policy.promotes):
                 for job_id in self.live:
                     job = self.state.jobs[job_id]
                     if job.role is Role.SECONDARY and job.state is JobState.RUNNING:

@@ -13,8 +13,9 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from marbled.core.decision import settle
 from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
-from marbled.core.policy import Policy
+from marbled.core.policy.base import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
@@ -208,39 +209,32 @@ class Simulator:
                                  tuple(x for x in a.spec.after if isinstance(x, int)),
                                  max_share=sizing.max_share))
                 done[next_arrival] = 0.0
-            for _ in range(10_000):
-                actions = self.policy.decide(state, t)
-                if not actions:
-                    break
-                for action in actions:
-                    job = state.apply(action, t)
-                    if isinstance(action, Start):
-                        spec = arrivals[job.id - 1].spec
-                        rate = self.book.lookup(spec.model).throughput(len(action.gpus),
-                                                                       action.share)
-                        held = len(action.gpus) / action.share
-                        version += 1
-                        lv = _Live(t, t + self.launch_s, done[job.id], rate, version)
-                        live[job.id] = lv
-                        first_start.setdefault(job.id, t)
-                        overhead += self.launch_s * held
-                        finish = lv.progress_from + (spec.steps - lv.start_step) / rate
+            for action, job in settle(self.policy, state, t):
+                if isinstance(action, Start):
+                    spec = arrivals[job.id - 1].spec
+                    rate = self.book.lookup(spec.model).throughput(len(action.gpus),
+                                                                   action.share)
+                    held = len(action.gpus) / action.share
+                    version += 1
+                    lv = _Live(t, t + self.launch_s, done[job.id], rate, version)
+                    live[job.id] = lv
+                    first_start.setdefault(job.id, t)
+                    overhead += self.launch_s * held
+                    finish = lv.progress_from + (spec.steps - lv.start_step) / rate
+                    heapq.heappush(heap, (finish, version, job.id, "done"))
+                    state.expect(job.id, finish)
+                elif isinstance(action, Suspend):
+                    lv = live[job.id]
+                    lv.stop_at = t + self.suspend_s
+                    lv.version = version = version + 1
+                    left = arrivals[job.id - 1].spec.steps - lv.steps_at(t)
+                    finish = max(t, lv.progress_from) + left / lv.rate
+                    if finish <= lv.stop_at:  # it ends before it could checkpoint
                         heapq.heappush(heap, (finish, version, job.id, "done"))
-                        state.expect(job.id, finish)
-                    elif isinstance(action, Suspend):
-                        lv = live[job.id]
-                        lv.stop_at = t + self.suspend_s
-                        lv.version = version = version + 1
-                        left = arrivals[job.id - 1].spec.steps - lv.steps_at(t)
-                        finish = max(t, lv.progress_from) + left / lv.rate
-                        if finish <= lv.stop_at:  # it ends before it could checkpoint
-                            heapq.heappush(heap, (finish, version, job.id, "done"))
-                        else:
-                            heapq.heappush(heap, (lv.stop_at, version, job.id, "suspended"))
                     else:
-                        completion[job.id] = t
-            else:
-                raise RuntimeError("the policy keeps acting without any event")
+                        heapq.heappush(heap, (lv.stop_at, version, job.id, "suspended"))
+                else:
+                    completion[job.id] = t
             if not state.unfinished and next_arrival == len(arrivals):
                 break
             tick = self.policy.next_decision(state, t)

@@ -12,7 +12,7 @@ ALEXNET = BOOK.lookup("alexnet")  # optimal on all 6 GPUs: two jobs over-subscri
 
 
 def run(specs, slice_s=100.0, **kw):
-    return Simulator(BOOK, get_policy("timeslice", slice_s), 6, **kw).run(specs)
+    return Simulator(BOOK, get_policy("timeslice", time_slice=slice_s), 6, **kw).run(specs)
 
 
 def test_two_jobs_on_a_full_node_take_turns_of_one_slice():

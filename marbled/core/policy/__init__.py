@@ -1,38 +1,42 @@
-"""Scheduling policies: pure functions of the state, shared by the daemon and the simulator."""
+"""Scheduling policies: pure functions of the state, shared by the daemon and the simulator.
 
-from marbled.core.policy.base import Policy
+A new policy is one module here with a `Policy` subclass (`base.py` says what it
+declares) and one line in `POLICIES`; the CLIs, the daemon and the simulator take
+its name, summary and options from the class.
+"""
+
+from marbled.core.policy.base import Option, Policy
 from marbled.core.policy.elastic import ElasticPolicy
-from marbled.core.policy.malleable import MalleablePolicy
+from marbled.core.policy.malleable import MalleableEquipartition
 from marbled.core.policy.marble import MarblePolicy
-from marbled.core.policy.moldable import MoldablePolicy
-from marbled.core.policy.rigid import RigidPolicy
+from marbled.core.policy.moldable import MoldableEquipartition
+from marbled.core.policy.rigid import WholeNodeFifo
 from marbled.core.policy.timeslice import TimeslicePolicy
 
-POLICIES: dict[str, type] = {
-    "elastic": ElasticPolicy,
-    "malleable": MalleablePolicy,
-    "marble": MarblePolicy,
-    "moldable": MoldablePolicy,
-    "rigid": RigidPolicy,
-    "timeslice": TimeslicePolicy,
-}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
+    ElasticPolicy, MalleableEquipartition, MarblePolicy, MoldableEquipartition, WholeNodeFifo,
+    TimeslicePolicy)}
 
 
-def get_policy(name: str, time_slice: float | None = None,
-               preempt_guard: float | None = None, grow_after: float | None = None) -> Policy:
-    """A policy by name; `time_slice` (seconds) applies to 'timeslice', `preempt_guard`
-    (seconds a run must have left to be reshaped) to 'malleable', `grow_after` (seconds a
-    run lasts before it may double) to 'elastic'."""
+def get_policy(name: str, **settings: float | None) -> Policy:
+    """A policy by name, with the settings it declares (others, and None, are ignored: the
+    CLIs pass every policy's options to whichever policy is chosen)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
-    if name == "timeslice" and time_slice is not None:
-        return TimeslicePolicy(time_slice)
-    if name == "malleable" and preempt_guard is not None:
-        return MalleablePolicy(preempt_guard)
-    if name == "elastic" and grow_after is not None:
-        return ElasticPolicy(grow_after)
-    return POLICIES[name]()
+    cls = POLICIES[name]
+    own = {o.name for o in cls.options}
+    return cls(**{k: v for k, v in settings.items() if k in own and v is not None})
 
 
-__all__ = ["POLICIES", "ElasticPolicy", "MalleablePolicy", "MarblePolicy", "MoldablePolicy",
-           "Policy", "RigidPolicy", "TimeslicePolicy", "get_policy"]
+def all_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every option of every policy, by name, with the policies that take it."""
+    out: dict[str, tuple[Option, list[str]]] = {}
+    for name, cls in sorted(POLICIES.items()):
+        for option in cls.options:
+            out.setdefault(option.name, (option, []))[1].append(name)
+    return out
+
+
+__all__ = ["POLICIES", "ElasticPolicy", "MalleableEquipartition", "MarblePolicy",
+           "MoldableEquipartition", "Option", "Policy", "TimeslicePolicy", "WholeNodeFifo",
+           "all_options", "get_policy"]

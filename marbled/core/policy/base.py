@@ -1,55 +1,154 @@
-"""What every policy shares: the FIFO walk with dependencies."""
+"""The policy base: what a policy declares, and the mechanism every policy shares.
+
+A policy is one class in one module. It declares its `name`, a one-line
+`summary`, its `options` (both CLIs build their flags from them), and what it
+can do (`multi_node`: places jobs that ask for several nodes; `promotes`: resumes
+secondaries on more GPUs, so the daemon may prestart them). It implements
+`choose()`; `decide()` around it does what every policy needs the same way:
+
+* a job suspended with GPUs reserved for its resume (a promotion, a resize)
+  starts on them;
+* a waiting job whose dependency failed or was cancelled is cancelled.
+
+`feasible()` says why a job can never run under the policy (the daemon refuses it
+at submission); `explain()` says in one line why a job is where it is.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar
 
-from marbled.core.model import Cancel, Job, JobState, Role, Start, State
+from marbled.core.model import (
+    Action,
+    Cancel,
+    Job,
+    JobState,
+    Role,
+    Start,
+    State,
+    dependency_status,
+)
+
+BROKEN = "a job it depends on failed or was cancelled"
 
 
-class Policy(Protocol):
-    name: str
+@dataclass(frozen=True)
+class Option:
+    """A number that tunes a policy; the CLIs offer it as `--name-with-dashes`."""
 
-    def decide(self, state: State, now: float = 0.0) -> list:
-        """The actions to take at time `now`. Pure: reads `state`, never changes it."""
-        ...
+    name: str  # a Python identifier: the keyword of the policy's constructor
+    default: float
+    help: str
+    minimum: float = 0.0
+    positive: bool = False  # the minimum itself is not allowed
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+class Policy:
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line: what it does, for --help
+    options: ClassVar[tuple[Option, ...]] = ()
+    multi_node: ClassVar[bool] = False  # places jobs that ask for several nodes
+    promotes: ClassVar[bool] = False  # resumes running secondaries on more GPUs
+
+    def __init__(self, **settings: float | None):
+        known = {o.name: o for o in self.options}
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ValueError(f"policy {self.name} has no option {unknown[0]}; "
+                             f"its options: {', '.join(known) or 'none'}")
+        for option in self.options:
+            value = settings.get(option.name)
+            value = option.default if value is None else float(value)
+            if value < option.minimum or (option.positive and value == option.minimum):
+                bound = "greater than" if option.positive else "at least"
+                raise ValueError(f"{option.flag} must be {bound} {option.minimum:g}")
+            setattr(self, option.name, value)
+
+    def decide(self, state: State, now: float = 0.0) -> list[Action]:
+        """The actions to take at `now`. Pure: reads `state`, never changes it."""
+        actions: list[Action] = [
+            Start(j.id, j.resume_on.node, j.resume_on.gpus, role_for(j, len(j.resume_on.gpus)))
+            for j in state.resumable()]
+        actions += [Cancel(i, BROKEN) for i in state.broken()]
+        return actions + self.choose(state, now)
+
+    def choose(self, state: State, now: float) -> list[Action]:
+        """The policy's own actions; resumes and cancels are already decided."""
+        raise NotImplementedError
 
     def next_decision(self, state: State, now: float) -> float | None:
         """When the policy wants to decide again with no event (None: only on events).
 
         Drivers ask after each decision and decide again at that time unless an event
         comes first; a time at or before `now` asks for a decision at every poll."""
-        ...
+        return None
+
+    def feasible(self, job: Job, state: State) -> tuple[str, str] | None:
+        """Why `job` can never run under this policy on these nodes, as (the field of its
+        request at fault, what to change); None if it can."""
+        if job.nodes > 1 and not self.multi_node:
+            from marbled.core.policy import POLICIES  # the registry imports every policy
+
+            able = " or ".join(n for n, p in sorted(POLICIES.items()) if p.multi_node)
+            return "nodes", f"policy {self.name} runs single-node jobs only; use --policy {able}"
+        return None
+
+    def explain(self, job: Job, state: State, now: float) -> str:
+        """Why `job` is where it is, in one line."""
+        if job.state.finished:
+            return f"{job.state.value}"
+        if job.state is JobState.SUSPENDING:
+            return "is writing its checkpoint to be suspended"
+        if job.resume_on is not None:
+            return (f"resumes on {len(job.resume_on.gpus)} GPUs of {job.resume_on.node} "
+                    "as soon as its checkpoint is written")
+        if job.placement is not None:
+            count = len(job.gpus) if job.placement.share == 1 else f"1/{job.placement.share} of 1"
+            which = "its demand" if len(job.gpus) == job.demand else f"its demand is {job.demand}"
+            return f"runs as {job.role.value} on {count} GPUs of {job.placement.node} ({which})"
+        return self.why_waiting(job, state, now)
+
+    def why_waiting(self, job: Job, state: State, now: float) -> str:
+        if job.not_before is not None and job.not_before > now:
+            return f"waits out its retry back-off ({job.not_before - now:.0f} s left)"
+        status = dependency_status(job, state)
+        if status == "broken":
+            return f"will be cancelled: {BROKEN}"
+        if status == "wait":
+            open_ = [d for d in job.after if state.jobs[d].state is not JobState.DONE]
+            return "waits for " + ", ".join(f"job {d} ({state.jobs[d].state.value})"
+                                            for d in open_)
+        ahead = 0
+        for other in fifo_candidates(state, now):
+            if other.id == job.id:
+                break
+            ahead += 1
+        if ahead:
+            return f"waits in the FIFO behind {ahead} eligible job(s)"
+        most = max((len(state.free(n)) for n in state.nodes), default=0)
+        where = f"{job.demand} GPUs on each of {job.nodes} nodes" if job.nodes > 1 else \
+            f"{job.demand} GPUs on one node"
+        return f"is next in the FIFO and needs {where}; the most free on a node is {most}"
 
 
-def dependency_status(job: Job, state: State) -> str:
-    """'ready', 'wait' (a dependency is still to finish) or 'broken' (one failed)."""
-    status = "ready"
-    for dep in job.after:
-        other = state.jobs.get(dep)
-        if other is None or other.state in (JobState.FAILED, JobState.CANCELLED):
-            return "broken"
-        if other.state is not JobState.DONE:
-            status = "wait"
-    return status
-
-
-def fifo_candidates(state: State, actions: list, now: float = 0.0) -> Iterator[Job]:
+def fifo_candidates(state: State, now: float = 0.0) -> Iterator[Job]:
     """Waiting jobs in FIFO order whose dependencies are met.
 
-    Jobs whose dependency can never be met are cancelled (appended to
-    `actions`); jobs still waiting for a dependency are skipped, as the paper
-    schedules "the next job which is marked as independent"; so are jobs that
-    wait out a retry back-off (until `not_before`), without holding up the queue.
+    Jobs still waiting for a dependency are skipped, as the paper schedules "the
+    next job which is marked as independent"; so are jobs that wait out a retry
+    back-off (until `not_before`), without holding up the queue, and jobs whose
+    dependency can never be met (`decide()` cancels them).
     """
     for job in state.waiting():
         if job.not_before is not None and job.not_before > now:
             continue
-        status = dependency_status(job, state)
-        if status == "broken":
-            actions.append(Cancel(job.id, "a job it depends on failed or was cancelled"))
-        elif status == "ready":
+        if dependency_status(job, state) == "ready":
             yield job
 
 
@@ -69,7 +168,7 @@ def take_nodes(free: dict[str, list[int]], count: int,
 
 
 def role_for(job: Job, gpus: int, share: int = 1) -> Role:
-    """PRIMARY on the job's whole demand, else SECONDARY (never promoted)."""
+    """PRIMARY on the job's whole demand, else SECONDARY."""
     return Role.PRIMARY if share == 1 and gpus == job.demand else Role.SECONDARY
 
 

@@ -8,7 +8,7 @@ count from the checkpoint):
 * when a job waits and no GPU is free, the running job with most GPUs gives
   half of them up (ONES takes GPUs from the largest jobs until every new job
   has one): it is suspended and resumed on the first half of its GPUs;
-* free GPUs go to running jobs that have run stably for `stable_s` (ONES: a
+* free GPUs go to running jobs that have run stably for `grow_after` (ONES: a
   few epochs), smallest remaining GPU-time first (ONES's SRUF objective:
   GPUs held times the time left, from the driver's `expected_end`): each such
   job doubles its count, up to its demand (the profile's fastest count), on
@@ -22,28 +22,34 @@ suspend and a resume).
 
 from __future__ import annotations
 
-from marbled.core.model import Job, JobState, Placement, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates, resizing, role_for, start_on, take_nodes
+from marbled.core.model import Job, JobState, Placement, State, Suspend
+from marbled.core.policy.base import (
+    Option,
+    Policy,
+    fifo_candidates,
+    resizing,
+    role_for,
+    start_on,
+    take_nodes,
+)
 
 STABLE_S = 300.0
 
 
-class ElasticPolicy:
+class ElasticPolicy(Policy):
     name = "elastic"
+    summary = "start on 1 GPU, double when stable, halve the largest for a newcomer (after ONES)"
+    options = (Option("grow_after", STABLE_S,
+                      "seconds a run lasts before its GPUs may double"),)
+    grow_after: float
 
-    def __init__(self, stable_s: float = STABLE_S):
-        if stable_s < 0:
-            raise ValueError("the stable period cannot be negative")
-        self.stable_s = stable_s
-
-    def decide(self, state: State, now: float = 0.0) -> list:
-        actions: list = [Start(j.id, j.resume_on.node, j.resume_on.gpus,
-                               role_for(j, len(j.resume_on.gpus))) for j in state.resumable()]
+    def choose(self, state: State, now: float) -> list:
         engaged = state.engaged()
-        if actions or resizing(engaged):
-            return actions  # a resize is under way: decide on what it leaves
+        if state.resumable() or resizing(engaged):
+            return []  # a resize is under way: decide on what it leaves
+        actions: list = []
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
-        for job in fifo_candidates(state, actions, now):
+        for job in fifo_candidates(state, now):
             count = job.demand if not job.malleable else 1
             parts = take_nodes(free, 1, lambda _node, count=count: count)
             if parts is None:
@@ -67,8 +73,8 @@ class ElasticPolicy:
         """Double stable jobs into the free GPUs, smallest remaining GPU-time first."""
         stable = [j for j in engaged if j.state is JobState.RUNNING and j.malleable
                   and j.nodes == 1 and j.placement.share == 1 and len(j.gpus) < j.demand
-                  and j.expected_end is not None and j.expected_end - now > self.stable_s
-                  and j.run_started is not None and now - j.run_started >= self.stable_s]
+                  and j.expected_end is not None and j.expected_end - now > self.grow_after
+                  and j.run_started is not None and now - j.run_started >= self.grow_after]
         actions = []
         for job in sorted(stable, key=lambda j: (len(j.gpus) * (j.expected_end - now), j.id)):
             node = job.placement.node
@@ -83,7 +89,7 @@ class ElasticPolicy:
         """When the next running job becomes stable enough to grow, while GPUs are free."""
         if not state.nodes_with_free_gpus():
             return None
-        due = [(j.run_started or 0.0) + self.stable_s for j in state.engaged()
+        due = [(j.run_started or 0.0) + self.grow_after for j in state.engaged()
                if j.state is JobState.RUNNING and j.malleable and len(j.gpus) < j.demand
-               and (j.run_started or 0.0) + self.stable_s > now]
+               and (j.run_started or 0.0) + self.grow_after > now]
         return min(due, default=None)

@@ -11,7 +11,7 @@ new count from its checkpoint; that preemption is the cost `t_pm` of the paper
 Choices where the paper leaves room or does not fit a node-level broker:
 
 * the guard: a running job is preempted only when its run is expected to end
-  more than `guard_s` (300 s, the paper's) from now; rigid jobs, jobs without
+  more than `preempt_guard` (300 s, the paper's) from now; rigid jobs, jobs without
   an estimate (`Job.expected_end`, set by the driver from the profile) and
   multi-node runs keep their GPUs;
 * sticky placement: a running job is placed on its own node and GPUs first,
@@ -28,30 +28,30 @@ from __future__ import annotations
 import heapq
 
 from marbled.core.model import Job, JobState, State, Suspend
-from marbled.core.policy.base import fifo_candidates, resizing
+from marbled.core.policy.base import Option, Policy, fifo_candidates, resizing
 from marbled.core.policy.equipartition import UNITS, free_units, in_node_order, plan
 
 GUARD_S = 300.0  # Fujiwara et al.: preempt only tasks with more than 300 s to go
 
 
-class MalleablePolicy:
+class MalleableEquipartition(Policy):
     name = "malleable"
-
-    def __init__(self, guard_s: float = GUARD_S):
-        if guard_s < 0:
-            raise ValueError("the preemption guard cannot be negative")
-        self.guard_s = guard_s
+    summary = ("Equipartition of all GPUs at every event, running jobs reshaped by "
+               "suspend/resume (Fujiwara et al.)")
+    options = (Option("preempt_guard", GUARD_S, "a running job is reshaped only if its "
+                      "profile says it has more than this many seconds left"),)
+    preempt_guard: float
 
     def movable(self, job: Job, now: float) -> bool:
         """May this running job be reshaped now?"""
         return (job.state is JobState.RUNNING and job.malleable and job.nodes == 1
-                and job.expected_end is not None and job.expected_end - now > self.guard_s)
+                and job.expected_end is not None
+                and job.expected_end - now > self.preempt_guard)
 
-    def decide(self, state: State, now: float = 0.0) -> list:
-        actions: list = []
+    def choose(self, state: State, now: float) -> list:
         engaged = state.engaged()
         if resizing(engaged):
-            return actions  # a reshape is under way: decide on the GPUs it leaves
+            return []  # a reshape is under way: decide on the GPUs it leaves
         movable = [j for j in engaged if self.movable(j, now)]
         free = free_units(state)
         for job in movable:  # their GPUs count as free, for the plan
@@ -59,16 +59,12 @@ class MalleablePolicy:
             for g in p.gpus:
                 gpus = free.setdefault(p.node, {})
                 gpus[g] = gpus.get(g, 0) + UNITS // p.share
-        grants = plan(heapq.merge(fifo_candidates(state, actions, now), movable,
-                                  key=lambda j: j.id),
+        grants = plan(heapq.merge(fifo_candidates(state, now), movable, key=lambda j: j.id),
                       in_node_order(state, free), {j.id: j.placement for j in movable})
         reshaped = [Suspend(j.id, None, "equipartition") for j in movable
                     if j.id not in grants or not grants[j.id].same_as(j.placement)]
         if reshaped:
-            return actions + reshaped
+            return reshaped
         # Nobody moves: the waiting jobs of the plan start on the free GPUs.
-        return actions + [grants[i].start(state.jobs[i]) for i in sorted(grants)
-                          if state.jobs[i].placement is None]
-
-    def next_decision(self, state: State, now: float) -> float | None:
-        return None  # events alone drive this policy
+        return [grants[i].start(state.jobs[i]) for i in sorted(grants)
+                if state.jobs[i].placement is None]

@@ -23,27 +23,24 @@ How we read the paper where it leaves room:
   GPU count free (the first such nodes); it never runs as a secondary, and
   waiting for its nodes it blocks the queue like a rigid job.
 * A suspended job without a reservation (suspended at shutdown or after a
-  broker restart) waits at its original FIFO position like a queued one.
+  broker restart) waits at its original FIFO position like a queued one; one
+  suspended for a promotion is resumed on its reserved GPUs (`Policy.decide`).
 """
 
 from __future__ import annotations
 
 from marbled.core.model import Placement, Role, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates, start_on, take_nodes
+from marbled.core.policy.base import Policy, fifo_candidates, start_on, take_nodes
 
 
-class MarblePolicy:
+class MarblePolicy(Policy):
     name = "marble"
-    promotes_secondaries = True  # the daemon may prestart their next runs
+    summary = "optimal GPU counts + secondaries + promotion (Algorithm 1)"
+    promotes = True  # the daemon may prestart the next runs of secondaries
     multi_node = True  # places jobs that ask for several nodes (as primaries)
 
-    def decide(self, state: State, now: float = 0.0) -> list:
+    def choose(self, state: State, now: float) -> list:
         actions: list = []
-        # Suspended by an earlier promotion: resume on the GPUs kept for it.
-        for job in state.resumable():
-            p = job.resume_on
-            actions.append(Start(job.id, p.node, p.gpus, Role.PRIMARY))
-
         # Only nodes with free GPUs can promote or start anything.
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
 
@@ -57,7 +54,7 @@ class MarblePolicy:
                     actions.append(Suspend(job.id, target, "promote"))
 
         # run_multiple_jobs(), lines 14-21.
-        for job in fifo_candidates(state, actions, now):
+        for job in fifo_candidates(state, now):
             parts = take_nodes(free, job.nodes, lambda _node, job=job: job.demand)
             if parts:
                 actions.append(start_on(job, parts, Role.PRIMARY))
@@ -68,6 +65,3 @@ class MarblePolicy:
             else:
                 break
         return actions
-
-    def next_decision(self, state: State, now: float) -> float | None:
-        return None  # events alone drive this policy

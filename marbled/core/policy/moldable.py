@@ -9,17 +9,14 @@ jobs are never touched: that is the malleable variant (`malleable.py`).
 from __future__ import annotations
 
 from marbled.core.model import State
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.policy.base import Policy, fifo_candidates
 from marbled.core.policy.equipartition import free_units, plan
 
 
-class MoldablePolicy:
+class MoldableEquipartition(Policy):
     name = "moldable"
+    summary = "Equipartition of the free GPUs when jobs start (Fujiwara et al.)"
 
-    def decide(self, state: State, now: float = 0.0) -> list:
-        actions: list = []
-        grants = plan(fifo_candidates(state, actions, now), free_units(state), {})
-        return actions + [grants[i].start(state.jobs[i]) for i in sorted(grants)]
-
-    def next_decision(self, state: State, now: float) -> float | None:
-        return None  # events alone drive this policy
+    def choose(self, state: State, now: float) -> list:
+        grants = plan(fifo_candidates(state, now), free_units(state), {})
+        return [grants[i].start(state.jobs[i]) for i in sorted(grants)]

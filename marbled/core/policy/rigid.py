@@ -1,4 +1,4 @@
-"""The LSF baseline: FIFO, each job on all GPUs of a node (or its explicit count).
+"""The LSF baseline ("rigid"): FIFO, each job on all GPUs of a node (or its explicit count).
 
 No secondaries, no suspension: a job waits at the head of the queue until a
 node has the GPUs it asked for, and the jobs behind it wait too.
@@ -7,23 +7,21 @@ node has the GPUs it asked for, and the jobs behind it wait too.
 from __future__ import annotations
 
 from marbled.core.model import Role, State
-from marbled.core.policy.base import fifo_candidates, start_on, take_nodes
+from marbled.core.policy.base import Policy, fifo_candidates, start_on, take_nodes
 
 
-class RigidPolicy:
+class WholeNodeFifo(Policy):
     name = "rigid"
+    summary = "the LSF way: every job on all GPUs of a node, one after another"
     multi_node = True  # a job on K nodes takes its GPUs on each of them
 
-    def decide(self, state: State, now: float = 0.0) -> list:
+    def choose(self, state: State, now: float) -> list:
         actions: list = []
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
-        for job in fifo_candidates(state, actions, now):
+        for job in fifo_candidates(state, now):
             parts = take_nodes(free, job.nodes, lambda name, job=job: (
                 job.demand if not job.malleable else state.nodes[name].size))
             if parts is None:
                 break  # strict FIFO: the head blocks the queue
             actions.append(start_on(job, parts, Role.PRIMARY))
         return actions
-
-    def next_decision(self, state: State, now: float) -> float | None:
-        return None  # events alone drive this policy

@@ -17,24 +17,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from marbled.core.model import Job, JobState, Role, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.policy.base import Option, Policy, fifo_candidates
 
 
-class TimeslicePolicy:
+class TimeslicePolicy(Policy):
     name = "timeslice"
+    summary = "round robin of time slices when over-subscribed (Gandiva)"
+    options = (Option("time_slice", 600.0, "seconds a job runs before it may be suspended "
+                      "for a waiting one", positive=True),)
+    time_slice: float
 
-    def __init__(self, slice_s: float = 600.0):
-        if slice_s <= 0:
-            raise ValueError("the time slice must be positive")
-        self.slice_s = slice_s
-
-    def _queue(self, state: State, actions: list, now: float) -> Iterator[Job]:
+    def _queue(self, state: State, now: float) -> Iterator[Job]:
         """Eligible waiting jobs, those that never ran first (FIFO), then least recently run.
 
         Lazy: a decision stops at the first job that does not fit, so on a long queue
         of new jobs it reads only the front (sorting all of it made this policy slow)."""
         ran = []
-        for job in fifo_candidates(state, actions, now):
+        for job in fifo_candidates(state, now):
             if job.run_started is None:
                 yield job
             else:
@@ -45,13 +44,13 @@ class TimeslicePolicy:
         return sorted(
             (j for j in state.engaged()
              if j.state is JobState.RUNNING and j.malleable
-             and (j.run_started or 0.0) + self.slice_s <= now),
+             and (j.run_started or 0.0) + self.time_slice <= now),
             key=lambda j: (j.run_started or 0.0, j.id))
 
-    def decide(self, state: State, now: float = 0.0) -> list:
+    def choose(self, state: State, now: float) -> list:
         actions: list = []
         free = {n: state.free(n) for n in state.nodes}
-        queue = self._queue(state, actions, now)
+        queue = self._queue(state, now)
         head = None
         for job in queue:
             fits = [n for n in free if len(free[n]) >= job.demand]
@@ -80,6 +79,6 @@ class TimeslicePolicy:
         """The end of the next slice, while anyone waits."""
         if next(state.waiting(), None) is None:
             return None
-        ends = [(j.run_started or 0.0) + self.slice_s for j in state.engaged()
+        ends = [(j.run_started or 0.0) + self.time_slice for j in state.engaged()
                 if j.state is JobState.RUNNING and j.malleable]
         return min(ends, default=None)
