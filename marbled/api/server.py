@@ -10,7 +10,12 @@
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
   GET  /v1/openapi.json        this API as OpenAPI 3.1
 
-Every error is a 4xx with {"error": "...", "field": "..."} saying what to fix.
+Every error is a 4xx (or a 503 while the broker drains) with {"error": "...",
+"field": "...", "retry": bool}: `error` says what to change, `retry` whether the
+same request may succeed later (the core's NotNow) or never will.
+
+The routes call two objects the daemon provides: `commands` (submit, cancel,
+suspend: the broker) and `views` (what it shows); nothing here imports the daemon.
 """
 
 from __future__ import annotations
@@ -22,21 +27,40 @@ import os
 import socket
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from marbled.api.openapi import SPEC
+from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.spec import JobSpec, SpecError
-from marbled.daemon.broker import Broker, Refused
-from marbled.store.db import placement_parts
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
 
 
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
-    body = {"error": message}
+class HttpRefusal(Refusal):
+    """A refusal only HTTP knows (a body too large, not JSON): its own status."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message, field)
+        self.status = status
+
+
+def status_of(exc: Refusal) -> int:
+    if isinstance(exc, HttpRefusal):
+        return exc.status
+    for kind, status in ((Unavailable, 503), (Invalid, 400), (NotFound, 404), (Never, 409),
+                         (NotNow, 409)):
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+def _error(status: int, message: str, field: str | None = None,
+           retry: bool = False) -> web.Response:
+    body: dict[str, Any] = {"error": message, "retry": retry}
     if field:
         body["field"] = field
     return web.json_response(body, status=status)
@@ -78,8 +102,8 @@ def authorized(token: str | None) -> Callable:
 async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamResponse:
     try:
         return await handler(request)
-    except Refused as exc:
-        return _error(exc.status, str(exc), exc.field)
+    except Refusal as exc:
+        return _error(status_of(exc), str(exc), exc.field, exc.retry)
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large; the limit is {MAX_BODY} bytes "
                            "(submit large job sets in several requests)")
@@ -91,21 +115,21 @@ async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamR
 
 async def _json_body(request: web.Request) -> object:
     if request.content_type != "application/json":
-        raise Refused("send the body as JSON with Content-Type: application/json", 415)
+        raise HttpRefusal(415, "send the body as JSON with Content-Type: application/json")
     try:
         return json.loads(await request.text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise Refused(f"the body is not valid JSON: {exc}", 400) from None
+        raise Invalid(f"the body is not valid JSON: {exc}") from None
 
 
 def _job_id(request: web.Request) -> int:
     raw = request.match_info["job_id"]
     if not raw.isdigit() or len(raw) > 18:
-        raise Refused(f"'{raw}' is not a job id; job ids are whole numbers", 400, "id")
+        raise Invalid(f"'{raw}' is not a job id; job ids are whole numbers", "id")
     return int(raw)
 
 
-def build_app(broker: Broker, on_shutdown: Callable[[], None],
+def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
               token: str | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY,
                           middlewares=[authorized(token), errors_as_json])
@@ -113,7 +137,7 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None],
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(broker.status())
+        return web.json_response(views.status())
 
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:
@@ -121,60 +145,46 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None],
         many = isinstance(body, dict) and set(body) == {"jobs"}
         docs = body["jobs"] if many else [body]
         if not isinstance(docs, list) or not docs:
-            raise Refused("'jobs' must be a non-empty list of job objects", 400, "jobs")
+            raise Invalid("'jobs' must be a non-empty list of job objects", "jobs")
         if len(docs) > MAX_JOBS_PER_REQUEST:
-            raise Refused(f"at most {MAX_JOBS_PER_REQUEST} jobs per request", 413, "jobs")
+            raise HttpRefusal(413, f"at most {MAX_JOBS_PER_REQUEST} jobs per request", "jobs")
         specs = []
         for i, doc in enumerate(docs):
             try:
                 specs.append(JobSpec.from_mapping(doc))
             except SpecError as exc:
                 where = f"jobs[{i}].{exc.field}" if many else exc.field
-                raise Refused(f"{where}: {exc.message}", 400, where) from None
-        views = [broker.job_view(r) for r in broker.submit(specs)]
-        return web.json_response({"jobs": views}, status=201)
+                raise Invalid(f"{where}: {exc.message}", where) from None
+        jobs = [views.job(r) for r in commands.submit(specs)]
+        return web.json_response({"jobs": jobs}, status=201)
 
     @routes.get("/v1/jobs")
     async def list_jobs(request: web.Request) -> web.Response:
         wanted = request.query.get("state")
         if wanted is not None and wanted not in {s.value for s in JobState}:
-            raise Refused(f"unknown state '{wanted}'; use one of "
-                          f"{', '.join(s.value for s in JobState)}", 400, "state")
-        views = [broker.job_view(r) for r in broker.store.jobs()]
-        if wanted:
-            views = [v for v in views if v["state"] == wanted]
-        return web.json_response({"jobs": views})
+            raise Invalid(f"unknown state '{wanted}'; use one of "
+                          f"{', '.join(s.value for s in JobState)}", "state")
+        return web.json_response({"jobs": views.jobs(wanted)})
 
     @routes.get("/v1/jobs/{job_id}")
     async def show(request: web.Request) -> web.Response:
-        job_id = _job_id(request)
-        rows = broker.store.jobs([job_id])
-        if not rows:
-            raise Refused(f"no job {job_id}", 404, "id")
-        view = broker.job_view(rows[0])
-        view["runs"] = [_run_view(r) for r in broker.store.runs(job_id)]
-        view["events"] = [
-            {"at": e.at, "kind": e.kind, "run_id": e.run_id, "data": e.data}
-            for e in broker.store.events(job_id)
-        ]
-        return web.json_response(view)
+        return web.json_response(views.job_detail(_job_id(request)))
 
     @routes.post("/v1/jobs/{job_id}/cancel")
     async def cancel(request: web.Request) -> web.Response:
         job_id = _job_id(request)
-        broker.cancel(job_id)
+        commands.cancel(job_id)
         return web.json_response({"id": job_id, "cancel": "requested"}, status=202)
 
     @routes.post("/v1/jobs/{job_id}/suspend")
     async def suspend(request: web.Request) -> web.Response:
         job_id = _job_id(request)
-        broker.suspend(job_id)
+        commands.suspend(job_id)
         return web.json_response({"id": job_id, "suspend": "requested"}, status=202)
 
     @routes.get("/v1/runs")
     async def runs(request: web.Request) -> web.Response:
-        return web.json_response({"runs": [_run_view(r) for r in broker.store.runs()],
-                                  "started_at": broker.started_at})
+        return web.json_response(views.runs())
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:
@@ -187,16 +197,3 @@ def build_app(broker: Broker, on_shutdown: Callable[[], None],
 
     app.add_routes(routes)
     return app
-
-
-def _run_view(r) -> dict:
-    parts = placement_parts(r.node, r.gpu_ids)
-    return {
-        "id": r.id, "job_id": r.job_id, "node": r.node,
-        "gpus": [g for _, gpus in parts for g in gpus],
-        "parts": [[node, list(gpus)] for node, gpus in parts],
-        "devices": r.devices.split(",") if r.devices else None, "share": r.share,
-        "role": r.role, "started_at": r.started_at, "ended_at": r.ended_at,
-        "start_step": r.start_step, "end_step": r.end_step, "exit_code": r.exit_code,
-        "end_reason": r.end_reason, "pid": r.pid,
-    }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marbled.core.model import State
+
 
 class NoNvml(RuntimeError):
     pass
@@ -52,3 +54,9 @@ class NvmlSampler:
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
+
+
+def holders(state: State, node: str, devices: tuple[str, ...]) -> dict[str, int]:
+    """device -> the job holding it, for the GPUs of `node`."""
+    return {devices[g]: job.id for job in state.engaged() if job.placement
+            for n, gpus in job.placement.parts() if n == node for g in gpus}

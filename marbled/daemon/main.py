@@ -17,8 +17,10 @@ from aiohttp import web
 
 from marbled.api.server import build_app
 from marbled.core.policy import Policy
-from marbled.daemon.broker import Broker, BrokerConfig
+from marbled.daemon.broker import Broker
+from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
+from marbled.daemon.views import Views
 from marbled.launch.base import Launcher
 from marbled.launch.local import LocalLauncher
 from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
@@ -92,7 +94,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
             draining.append(loop.create_task(broker.drain(reason)))
 
     token = secrets.token_urlsafe(32) if listen else None
-    app = build_app(broker, shutdown, token)
+    app = build_app(broker, Views(broker), shutdown, token)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     path = socket_path(config.state_dir)
@@ -110,6 +112,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     for sig, why in ((signal.SIGTERM, "received SIGTERM"), (signal.SIGINT, "received SIGINT"),
                      (signal.SIGUSR2, "the allocation is about to end (SIGUSR2)")):
         loop.add_signal_handler(sig, shutdown, why)
+    loop.add_signal_handler(signal.SIGUSR1, broker.runs.check_acks, True)  # a job's ack
     nodes = ", ".join(f"{n}: {len(d)} GPUs" for n, d in config.nodes.items())
     log.info("marbled %d ready on %s (%s, policy %s, %s, %s launcher)", os.getpid(), path,
              nodes, policy.name, gpu_source, launcher.name)

@@ -14,17 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marbled.launch.base import LaunchRequest, RunHandle
-from marbled.worker.protocol import PROGRESS_FILE, atomic_write_json, read_json
-
-
-def worth_prestarting(run_dir: Path, once_training: bool) -> bool:
-    """Only jobs whose worker said it waits for a go file (a script that ignored it would
-    train twice); with `once_training`, only once the current run trains, so the new
-    process's imports do not slow down a run that has just resumed."""
-    progress = read_json(run_dir / PROGRESS_FILE) or {}
-    if not progress.get("prestart"):
-        return False
-    return not once_training or "first_step" in progress.get("phases", {})
+from marbled.worker.protocol import atomic_write_json
 
 
 @dataclass

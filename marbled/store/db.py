@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.pool import StaticPool
+
+from marbled.core.spec import JobSpec
 
 SCHEMA_VERSION = 4
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
@@ -132,13 +134,20 @@ class MetaRow(Base):
 
 
 class Store:
-    """The broker's SQLite database. Writes happen only on the broker's event loop thread."""
+    """The broker's SQLite database. Writes happen only on the broker's event loop thread.
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.engine = create_engine(f"sqlite:///{self.path}", json_serializer=json.dumps)
+    `path` None: a database in memory (for tests of the broker in process)."""
+
+    def __init__(self, path: Path | None):
+        self.path = Path(path) if path is not None else None
+        if self.path is None:
+            self.engine = create_engine("sqlite://", poolclass=StaticPool,
+                                        json_serializer=json.dumps)
+        else:
+            self.engine = create_engine(f"sqlite:///{self.path}", json_serializer=json.dumps)
         event.listen(self.engine, "connect", _sqlite_pragmas)
-        migrate(self.path)
+        if self.path is not None:
+            migrate(self.path)
         Base.metadata.create_all(self.engine)
         with self.tx() as s:
             if s.get(MetaRow, "schema_version") is None:
@@ -149,12 +158,6 @@ class Store:
         """One transaction: committed on success, rolled back on error."""
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
-
-    @staticmethod
-    def log(s: Session, kind: str, job_id: int | None = None, run_id: int | None = None,
-            at: float | None = None, **data) -> None:
-        s.add(EventRow(at=at or time.time(), kind=kind, job_id=job_id, run_id=run_id,
-                       data=data or None))
 
     def set_meta(self, **values: str) -> None:
         with self.tx() as s:
@@ -195,6 +198,13 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def job_spec(row) -> JobSpec:
+    """The submission a `jobs` row records (any object with the columns as attributes)."""
+    return JobSpec(command=tuple(row.command or ()), emulate=bool(row.emulate), model=row.model,
+                   steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
+                   name=row.name, nodes=row.nodes, retries=row.retries)
 
 
 def placement_columns(parts) -> tuple[str, str]:

@@ -93,7 +93,7 @@ def test_openapi_describes_exactly_the_served_routes(fuzz_daemon):
     spec = fuzz_daemon.client.get("/v1/openapi.json")
     assert spec["openapi"].startswith("3.")
     described = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
-    app = build_app(broker=None, on_shutdown=lambda: None)
+    app = build_app(commands=None, views=None, on_shutdown=lambda: None)
     served = {(r.resource.canonical, r.method) for r in app.router.routes()
               if r.method != "HEAD"}
     assert described == served

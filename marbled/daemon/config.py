@@ -1,0 +1,33 @@
+"""What a broker is told at start: its nodes and GPUs, its profile, and its timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from marbled.core.profiles import ProfileBook
+
+
+@dataclass
+class BrokerConfig:
+    state_dir: Path
+    nodes: dict[str, tuple[str, ...]]  # node name -> device names (CUDA_VISIBLE_DEVICES entries)
+    book: ProfileBook
+    profile_ref: str  # what emulated jobs load (name or path)
+    time_scale: float = 1.0  # for emulated jobs
+    suspend_timeout: float = 60.0  # SIGTSTP -> acknowledgement, before SIGTERM
+    kill_timeout: float = 10.0  # SIGTERM -> exit, before SIGKILL
+    monitor_interval: float = 1.0  # how often acknowledgement markers are looked for
+    # When to start the process of a job's next run before its GPUs are free:
+    # "ahead" keeps one waiting for every running secondary (the runs MARBLE
+    # suspends) and starts one at any other suspension; "suspend" only at a
+    # suspension; "off" never.
+    prestart: str = "ahead"
+    # The node the broker runs on: jobs there may also acknowledge with SIGUSR1; jobs on
+    # other nodes only through their marker file on the shared state directory.
+    broker_node: str | None = None
+    # When the allocation ends (Unix time), and how long before it every job is suspended.
+    end_time: float | None = None
+    drain_before: float = 120.0
+    retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure
+    sample_interval: float = 10.0  # seconds between GPU samples (with a sampler)

@@ -1,0 +1,76 @@
+"""A broker's start on a state directory: rebuild the state from the store, adopt open runs.
+
+A run the store shows as open is adopted if its node is still the broker's: if
+its process lives it is watched until it exits; if it ended while no broker
+watched, its exit is handled at once (from its acknowledgement and progress
+files: the exit code of a process that is not the broker's child is not
+knowable). Nothing is started twice: if the last broker died between writing a
+run's row and recording its pid, the process is found by its environment. A run
+on a node that is no longer the broker's ended with its allocation: its job
+resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from marbled.core.model import Job, JobState, Placement, Role
+from marbled.daemon.runs import LiveRun
+from marbled.launch.local import find_run_process, process_start_time
+from marbled.store.db import job_spec, placement_parts
+
+if TYPE_CHECKING:
+    from marbled.daemon.broker import Broker
+
+
+def recover(broker: Broker) -> None:
+    open_runs = {r.job_id: r for r in broker.store.runs() if r.ended_at is None}
+    for row in broker.store.jobs():
+        broker.specs[row.id] = job_spec(row)
+        if row.name:
+            broker.names[row.name] = row.id
+        state = JobState(row.state)
+        job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
+                  suspensions=row.suspensions, not_before=row.not_before,
+                  max_share=row.max_share)
+        if row.not_before is not None:
+            broker.wake_at(row.not_before)
+        run = open_runs.get(row.id)
+        parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
+        if state.holds_gpus and parts and all(n in broker.config.nodes for n, _ in parts):
+            _adopt(broker, job, state, run, parts)
+            continue
+        if run is not None:
+            broker.ledger.run_ended(
+                job.id, run.id, at=broker.clock.time(), exit_code=None,
+                reason=JobState.SUSPENDED.value,
+                detail=f"node {run.node} left with its allocation before the run was "
+                       "suspended; resumes from its last checkpoint")
+        if state.holds_gpus:
+            state = JobState.SUSPENDED
+        broker.state.submit(replace(job, state=state))
+    broker.wake()
+
+
+def _adopt(broker: Broker, job: Job, state: JobState, run, parts) -> None:
+    (node, gpus), *others = parts
+    broker.state.submit(replace(
+        job, state=state, role=Role(run.role),
+        placement=Placement(node, gpus, tuple(others), run.share),
+        expected_end=broker.expected_end(job.id, run.started_at, run.start_step or 0,
+                                         len(gpus), run.share)))
+    run_dir = broker.files.dir(job.id)
+    pid, pid_start = run.pid, run.pid_start
+    if pid is None:  # the broker died before it could record the pid
+        pid = find_run_process(str(run_dir), run.id)
+        pid_start = process_start_time(pid) if pid else None
+        if pid:
+            broker.ledger.run_process(run.id, pid, pid_start)
+    handle = broker.launcher.adopt(pid or 0, pid_start, run_dir, run.id)
+    broker.ledger.event("adopted", broker.clock.time(), job.id, run.id, pid=pid,
+                        alive=handle.signal(0))
+    live = LiveRun(job.id, run.id, handle, run.start_step or 0, reason="broker restart")
+    broker.runs.watch(live)
+    if state is JobState.SUSPENDING:  # asked before the restart: still escalate
+        broker.runs.expect_ack(live)

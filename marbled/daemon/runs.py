@@ -1,0 +1,335 @@
+"""The life of every run: launch, suspension, escalation, exit.
+
+A run starts when the policy says so. To suspend it the broker writes the job's
+request file and sends SIGTSTP; the acknowledgement is the job's marker file,
+found on SIGUSR1 or by the next look (every `monitor_interval` while a run is
+suspending), whichever is first. No acknowledgement within `suspend_timeout`:
+SIGCONT + SIGTERM, then SIGKILL after `kill_timeout`; after an acknowledgement
+the process gets `kill_timeout` to exit before SIGKILL. The exit code, the
+acknowledgement and the job's last progress report decide how the run ended
+(`core/outcome.py`); `Runs` records it and tells the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+
+from marbled.core.failures import memory_cause
+from marbled.core.model import Job, JobState, Start, State
+from marbled.core.outcome import RunEnd, run_outcome
+from marbled.core.spec import JobSpec
+from marbled.daemon.clock import Clock, Timer, call_later
+from marbled.daemon.config import BrokerConfig
+from marbled.daemon.ledger import Ledger
+from marbled.daemon.prestart import Standbys
+from marbled.daemon.workfiles import JobFiles
+from marbled.launch.base import Launcher, LaunchRequest, RunHandle
+
+log = logging.getLogger("marbled")
+
+
+@dataclass
+class LiveRun:
+    job_id: int
+    run_id: int
+    handle: RunHandle
+    start_step: int
+    reason: str | None = None  # why it is being suspended or stopped
+    acked: dict | None = None
+    escalated: bool = False  # SIGTERM/SIGKILL were needed
+    cancel: bool = False
+    timers: list[Timer] = field(default_factory=list)
+
+    def clear_timers(self) -> None:
+        for t in self.timers:
+            t.cancel()
+        self.timers.clear()
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the broker hears when a run is over."""
+
+    job_id: int
+    outcome: JobState  # DONE, SUSPENDED, FAILED or CANCELLED
+    retry_at: float | None = None  # a failed run that will be retried from then on
+
+
+class Runs:
+    """The runs of a broker's jobs. It reads the broker's `state` and `specs` and tells it
+    when a run has started (`on_launched`) and when one is over (`on_end`)."""
+
+    def __init__(self, config: BrokerConfig, launcher: Launcher, ledger: Ledger,
+                 files: JobFiles, clock: Clock, state: State, specs: dict[int, JobSpec],
+                 spawn: Callable[[Coroutine], asyncio.Task],
+                 on_launched: Callable[[int], None], on_end: Callable[[Ended], None]):
+        self.config, self.launcher, self.ledger = config, launcher, ledger
+        self.files, self.clock, self.state, self.specs = files, clock, state, specs
+        self._spawn, self._on_launched, self._on_end = spawn, on_launched, on_end
+        self.live: dict[int, LiveRun] = {}
+        self.launching: set[int] = set()  # jobs whose process is being started
+        self._cancel_pending: set[int] = set()  # ... and that were cancelled meanwhile
+        self.standby = Standbys(launcher.launch, spawn, self._record)
+        self._look: Timer | None = None  # the next look for acknowledgement markers
+
+    def _record(self, kind: str, job_id: int | None = None, run_id: int | None = None,
+                **data) -> None:
+        self.ledger.event(kind, self.clock.time(), job_id, run_id, **data)
+
+    # ------------------------------------------------------------ launch
+
+    def start(self, action: Start) -> int:
+        """Record the run and start its process (in the background); the step it starts at."""
+        self.files.prepare_run(action.job)
+        run_id, start_step = self.ledger.run_started(action, self.clock.time())
+        self.launching.add(action.job)
+        self._spawn(self._launch(action, run_id, start_step))
+        return start_step
+
+    async def _launch(self, action: Start, run_id: int, start_step: int) -> None:
+        job_id = action.job
+        nodes = self.config.nodes
+        devices = tuple(nodes[action.node][g] for g in action.gpus)
+        others = tuple((n, tuple(nodes[n][g] for g in gpus)) for n, gpus in action.others)
+        run_env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_GPUS": str(len(devices)),
+                   "MARBLE_GPU_SHARE": str(action.share), "MARBLE_ROLE": action.role.value,
+                   "MARBLE_LAUNCH_TIME": repr(self.clock.time())}
+        try:
+            handle = await self.standby.take(job_id, {**run_env, "devices": devices})
+            if handle is None:
+                request = replace(self.request(job_id, action.node, devices, run_env),
+                                  others=others)
+                try:
+                    handle = await self.launcher.launch(request)
+                except OSError as exc:
+                    self._cancel_pending.discard(job_id)
+                    self.ledger.run_ended(
+                        job_id, run_id, at=self.clock.time(), exit_code=None, reason="failed",
+                        outcome=JobState.FAILED,
+                        detail=f"could not start {request.argv[0]!r}: {exc.strerror or exc}")
+                    self._on_end(Ended(job_id, JobState.FAILED))
+                    return
+        finally:
+            self.launching.discard(job_id)
+        placed_by_launcher = hasattr(handle, "placement")  # the batch system picks the GPUs
+        self.ledger.run_process(run_id, handle.pid, handle.pid_start,
+                                None if placed_by_launcher else devices)
+        live = LiveRun(job_id, run_id, handle, start_step)
+        self.watch(live)
+        if placed_by_launcher:
+            self._spawn(self._record_placement(job_id, run_id, handle))
+        if job_id in self._cancel_pending:  # cancelled while its process was being started
+            self._cancel_pending.discard(job_id)
+            live.cancel = True
+            self.stop(live, "cancelled by the user")
+        else:
+            self._on_launched(job_id)
+
+    def request(self, job_id: int, node: str, devices: tuple[str, ...],
+                run_env: dict[str, str]) -> LaunchRequest:
+        """What the launcher starts for a run of `job_id` on `devices` of `node`."""
+        spec, jdir = self.specs[job_id], self.files.dir(job_id)
+        env = {"MARBLE_JOB_ID": str(job_id), "MARBLE_RUN_DIR": str(jdir),
+               "MARBLE_CHECKPOINT_DIR": str(self.files.checkpoints(job_id)), **run_env}
+        if node == self.config.broker_node:  # a signal cannot reach the broker from elsewhere
+            env["MARBLE_BROKER_PID"] = str(os.getpid())
+        if spec.steps:
+            env["MARBLE_TARGET_STEPS"] = str(spec.steps)
+        if spec.model:
+            env["MARBLE_MODEL"] = spec.model
+        if spec.emulate:
+            env["MARBLE_PROFILE"] = self.config.profile_ref
+            env["MARBLE_TIME_SCALE"] = repr(self.config.time_scale)
+        argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
+        return LaunchRequest(tuple(argv), env, node, devices, jdir, self.files.stdout(job_id),
+                             self.files.stderr(job_id))
+
+    async def _record_placement(self, job_id: int, run_id: int, handle) -> None:
+        info = await handle.placement()
+        if info:
+            self.ledger.run_placed(job_id, run_id, info, self.clock.time())
+
+    def watch(self, live: LiveRun) -> None:
+        self.live[live.job_id] = live
+
+        async def wait_exit() -> None:
+            code = await live.handle.wait()
+            self._exited(live, code)
+
+        self._spawn(wait_exit())
+
+    # ------------------------------------------------------------ prestart
+
+    def prestart(self, job: Job, once_training: bool = False) -> None:
+        """Start the process of the job's next run now, on no GPU, waiting for its go file."""
+        if self.config.prestart == "off" or job.id in self.standby or not job.placement \
+                or not self.files.waits_for_go(job.id, once_training):
+            return
+        go = self.files.go_file(job.id)
+        self.standby.start(job.id, go, self.request(job.id, job.placement.node, (), {
+            "MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())}))
+
+    # ------------------------------------------------------------ suspension and stops
+
+    def suspend(self, job: Job, reason: str) -> None:
+        """Ask a running job to checkpoint and exit (a job that cannot checkpoint is stopped)."""
+        live = self.live[job.id]
+        live.reason = reason
+        if not job.malleable:
+            # A rigid job cannot checkpoint: stop it; it will start again from scratch.
+            self.stop(live, reason)
+            return
+        now = self.clock.time()
+        self.files.ask_to_suspend(job.id, live.run_id, now)
+        live.handle.signal(signal.SIGTSTP)
+        self.ledger.suspend_requested(job.id, live.run_id, reason, now)
+        live.timers.append(call_later(self.clock, self.config.suspend_timeout,
+                                      lambda: self._no_ack(live)))
+        self._look_for_acks()
+
+    def expect_ack(self, live: LiveRun) -> None:
+        """A run a restarted broker adopts while it was being suspended: escalate as usual."""
+        live.timers.append(call_later(self.clock, self.config.suspend_timeout,
+                                      lambda: self._no_ack(live)))
+        self._look_for_acks()
+
+    def cancel(self, job_id: int) -> bool:
+        """Stop the job's run because the user cancelled it; False if it has no process yet
+        and none is being started (then it is not running)."""
+        live = self.live.get(job_id)
+        if live is not None:
+            live.cancel = True
+            self.stop(live, "cancelled by the user")
+            return True
+        if job_id in self.launching:
+            self._cancel_pending.add(job_id)
+            return True
+        return False
+
+    def _no_ack(self, live: LiveRun) -> None:
+        if self.live.get(live.job_id) is live and live.acked is None:
+            self._record("suspend-timeout", live.job_id, live.run_id,
+                         timeout=self.config.suspend_timeout)
+            self.stop(live, live.reason or "suspend timed out")
+
+    def stop(self, live: LiveRun, reason: str) -> None:
+        """SIGTERM now, SIGKILL after the kill timeout."""
+        live.escalated = True
+        live.handle.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        live.handle.signal(signal.SIGTERM)
+        self._record("stop", live.job_id, live.run_id, signal="SIGTERM", reason=reason)
+        live.timers.append(call_later(self.clock, self.config.kill_timeout,
+                                      lambda: self._kill(live)))
+
+    def _kill(self, live: LiveRun) -> None:
+        if self.live.get(live.job_id) is live:
+            live.escalated = True
+            live.handle.signal(signal.SIGKILL)
+            self._record("stop", live.job_id, live.run_id, signal="SIGKILL")
+
+    # ------------------------------------------------------------ acknowledgements
+
+    def _suspending(self) -> list[LiveRun]:
+        return [r for r in self.live.values() if r.acked is None
+                and self.state.jobs[r.job_id].state is JobState.SUSPENDING]
+
+    def _look_for_acks(self) -> None:
+        """Look for markers every monitor interval while a run waits for its answer."""
+        if self._look is None and self._suspending():
+            def look() -> None:
+                self._look = None
+                self.check_acks()
+                self._look_for_acks()
+
+            self._look = call_later(self.clock, self.config.monitor_interval, look)
+
+    def check_acks(self, by_signal: bool = False) -> None:
+        """SIGUSR1 or a look: find the acknowledgements of suspending runs.
+
+        The marker file says which run and which step. A SIGUSR1 that comes with no
+        marker (a job speaking only the paper's protocol) acknowledges the one run
+        being suspended; with several, their markers or exits decide.
+        """
+        waiting = self._suspending()
+        found = [self._read_ack(live) for live in waiting]
+        if by_signal and len(waiting) == 1 and not any(found):
+            live = waiting[0]
+            self._accept_ack(live, {"run_id": live.run_id, "step": None, "via": "SIGUSR1"})
+
+    def _read_ack(self, live: LiveRun) -> bool:
+        ack = self.files.ack(live.job_id, live.run_id)
+        if ack is None:
+            return False
+        self._accept_ack(live, {**ack, "via": "marker"})
+        return True
+
+    def _accept_ack(self, live: LiveRun, ack: dict) -> None:
+        live.acked = ack
+        live.clear_timers()
+        now = self.clock.time()
+        latency = (now - ack["signalled_at"]) if ack.get("signalled_at") else None
+        self._record("acknowledged", live.job_id, live.run_id, step=ack.get("step"),
+                     latency=latency, via=ack["via"], save_seconds=ack.get("save_seconds"))
+        # It should exit on its own now; do not let a slow teardown hold the GPUs.
+        live.timers.append(call_later(self.clock, self.config.kill_timeout,
+                                      lambda: self._kill(live)))
+
+    # ------------------------------------------------------------ exits
+
+    def _exited(self, live: LiveRun, code: int | None) -> None:
+        self.live.pop(live.job_id, None)
+        if live.acked is None:
+            # It may have exited before we saw its marker -- or before a broker that
+            # restarted knew it had been asked to suspend.
+            self._read_ack(live)
+        live.clear_timers()
+        end, retry_at, extra = self.outcome(live, code)
+        self._check_restored(live, extra)
+        progress = extra.pop("_progress")
+        self.ledger.run_ended(live.job_id, live.run_id, at=self.clock.time(), exit_code=code,
+                              reason=end.outcome.value, detail=end.why, end_step=end.end_step,
+                              start_step=progress.get("start_step"), outcome=end.outcome,
+                              retry_at=retry_at, **extra)
+        if end.outcome.finished:
+            self.standby.drop(live.job_id)
+        self._on_end(Ended(live.job_id, end.outcome, retry_at))
+
+    def outcome(self, live: LiveRun, code: int | None) -> tuple[RunEnd, float | None, dict]:
+        """How the run ended, when a failed one is retried, and what its event adds."""
+        spec = self.specs[live.job_id]
+        suspending = self.state.jobs[live.job_id].state is JobState.SUSPENDING
+        progress = self.files.progress(live.job_id, live.run_id)
+        end = run_outcome(code=code, cancelled=live.cancel, suspending=suspending,
+                          escalated=live.escalated, reason=live.reason, ack=live.acked,
+                          progress_step=progress.get("step"), target_steps=spec.steps)
+        extra: dict = {"_progress": progress}
+        if progress.get("phases"):
+            extra["phases"] = progress["phases"]
+        why, retry_at = end.why, None
+        if end.outcome is JobState.FAILED:
+            extra["stderr_tail"] = self.files.stderr_tail(live.job_id)
+            cause = memory_cause(extra["stderr_tail"])
+            if cause:
+                why, extra["cause"] = f"{why}: {cause}", cause
+            failures = self.ledger.failures(live.job_id)
+            if failures < spec.retries:
+                delay = self.config.retry_delay * 2 ** failures
+                retry_at = self.clock.time() + delay
+                why = f"{why}; retry {failures + 1} of {spec.retries} in {delay:g} s"
+                extra["retry_in"] = delay
+        return RunEnd(end.outcome, why, end.end_step), retry_at, extra
+
+    def _check_restored(self, live: LiveRun, extra: dict) -> None:
+        """A job that could not use the checkpoint it acknowledged: say so, never silently."""
+        restored = extra["_progress"].get("start_step")
+        if restored is not None and restored < live.start_step:
+            self._record("checkpoint-fallback", live.job_id, live.run_id,
+                         expected=live.start_step, restored=restored,
+                         detail=f"resumed from step {restored}, not {live.start_step}: "
+                                "its newest checkpoint was missing or unreadable")

@@ -1,0 +1,252 @@
+"""The life of a run, tested on a real Broker in this process with a FAKE launcher and a FAKE
+clock (tests/broker/fakes.py): escalation, acknowledgement against exit, cancel during launch,
+drains and restarts, each in milliseconds. The same paths run with real processes in
+tests/integration."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+
+from marbled.core.model import JobState
+from marbled.store.db import Store
+from tests.broker.fakes import FakeLauncher, pump, running_broker
+
+JOB = {"command": ["train"], "model": "resnet-50", "steps": 1000}  # 3 GPUs, malleable
+
+
+def in_loop(test):
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+@in_loop
+async def test_no_acknowledgement_escalates_to_sigterm_then_sigkill(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        (run,) = h.launcher.runs
+        run.report(40)
+        h.broker.suspend(job)
+        assert run.signals == ["SIGTSTP"]
+        assert (run.run_dir / "suspend.json").exists()
+        await h.clock.advance(59.9)
+        assert run.signals == ["SIGTSTP"]
+        await h.clock.advance(0.1)
+        assert run.signals == ["SIGTSTP", "SIGCONT", "SIGTERM"]
+        await h.clock.advance(10)
+        assert run.signals[-1] == "SIGKILL"
+        run.exit(-9)
+        await pump()
+        first = h.runs(job)[0]
+        assert (first.end_reason, first.end_step) == ("suspended", None)  # step unknown
+        assert "suspend-timeout" in h.events(job)
+        assert h.job(job).suspensions == 1
+        # GPUs are free: MARBLE resumes it at once, from its last checkpoint
+        assert len(h.launcher.runs) == 2 and h.job(job).state is JobState.RUNNING
+
+
+@in_loop
+async def test_acknowledgement_found_by_the_monitor_then_exit(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        (run,) = h.launcher.runs
+        h.broker.suspend(job)
+        run.acknowledge(40)
+        await h.clock.advance(1.0)  # the next look for markers
+        assert "acknowledged" in h.events(job)
+        await h.clock.advance(9.9)  # within the kill timeout after it: no signal
+        assert run.signals == ["SIGTSTP"]
+        run.exit(0)
+        await pump()
+        first, resumed = h.runs(job)
+        assert (first.end_reason, first.end_step, resumed.start_step) == ("suspended", 40, 40)
+
+
+@in_loop
+async def test_acknowledged_run_that_does_not_exit_is_killed(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        (run,) = h.launcher.runs
+        h.broker.suspend(job)
+        run.acknowledge(40)
+        await h.clock.advance(1.0)
+        await h.clock.advance(10.0)  # the kill timeout after the acknowledgement
+        assert run.signals == ["SIGTSTP", "SIGKILL"]
+        run.exit(-9)
+        await pump()
+        assert h.runs(job)[0].end_step == 40  # the acknowledged checkpoint counts
+
+
+@in_loop
+async def test_exit_before_the_acknowledgement_is_seen(tmp_path):
+    """The job writes its marker and exits between two looks: the exit reads the marker."""
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        (run,) = h.launcher.runs
+        h.broker.suspend(job)
+        run.acknowledge(55)
+        run.exit(0)
+        await pump()
+        first = h.runs(job)[0]
+        assert (first.end_reason, first.end_step) == ("suspended", 55)
+        assert h.events(job).count("acknowledged") == 1
+
+
+@in_loop
+async def test_sigusr1_without_a_marker_acknowledges_the_only_suspending_run(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        h.broker.suspend(job)
+        h.broker.runs.check_acks(by_signal=True)
+        (ack,) = [e for e in h.store.events(job) if e.kind == "acknowledged"]
+        assert ack.data["via"] == "SIGUSR1"
+
+
+@in_loop
+async def test_run_that_ends_its_steps_before_seeing_the_suspension_is_done(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        (run,) = h.launcher.runs
+        h.broker.suspend(job)
+        run.report(1000)
+        run.exit(0)
+        await pump()
+        assert h.job(job).state is JobState.DONE
+        assert h.runs(job)[0].end_reason == "done"
+
+
+@in_loop
+async def test_cancel_while_the_process_is_being_started(tmp_path):
+    launcher = FakeLauncher(hold=asyncio.Event())
+    async with running_broker(tmp_path, launcher=launcher) as h:
+        job = h.submit(**JOB)
+        await pump()
+        assert job in h.broker.runs.launching and not launcher.runs
+        h.broker.cancel(job)
+        launcher.hold.set()
+        await pump()
+        (run,) = launcher.runs
+        assert run.signals == ["SIGCONT", "SIGTERM"]
+        run.exit(-15)
+        await pump()
+        assert h.job(job).state is JobState.CANCELLED
+        assert h.runs(job)[0].end_reason == "cancelled"
+
+
+@in_loop
+async def test_drain_while_a_process_is_being_started_suspends_it_once_started(tmp_path):
+    launcher = FakeLauncher(hold=asyncio.Event())
+    async with running_broker(tmp_path, launcher=launcher) as h:
+        job = h.submit(**JOB)
+        await pump()
+        drained = asyncio.get_running_loop().create_task(h.broker.drain("shutdown"))
+        await pump()
+        assert not drained.done()  # a run is still being started
+        launcher.hold.set()
+        await pump()
+        (run,) = launcher.runs
+        assert run.signals == ["SIGTSTP"]
+        run.acknowledge(3)
+        run.exit(0)
+        await pump()
+        await asyncio.wait_for(drained, 1)
+        assert h.job(job).state is JobState.SUSPENDED
+
+
+@in_loop
+async def test_launch_failure_fails_the_job_and_says_why(tmp_path):
+    launcher = FakeLauncher(fail=FileNotFoundError(2, "No such file or directory"))
+    async with running_broker(tmp_path, launcher=launcher) as h:
+        job = h.submit(**JOB)
+        await pump()
+        assert h.job(job).state is JobState.FAILED
+        (failed,) = [e for e in h.store.events(job) if e.kind == "failed"]
+        assert "could not start 'train'" in failed.data["detail"]
+
+
+@in_loop
+async def test_failed_run_is_retried_when_its_back_off_ends(tmp_path):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB, retries=1)
+        await pump()
+        h.launcher.runs[0].exit(1)
+        await pump()
+        assert h.job(job).state is JobState.SUSPENDED and len(h.launcher.runs) == 1
+        await h.clock.advance(29.9)
+        assert len(h.launcher.runs) == 1
+        await h.clock.advance(0.1)
+        assert len(h.launcher.runs) == 2 and h.job(job).state is JobState.RUNNING
+
+
+@in_loop
+async def test_time_slices_end_on_a_timer(tmp_path):
+    """A time-driven policy is woken at the time it named, with no event in between."""
+    async with running_broker(tmp_path, policy="timeslice",
+                              options={"time_slice": 100.0}) as h:
+        first = h.submit(command=["a"], model="resnet-50", steps=10**6, gpus="auto")
+        h.submit(command=["b"], model="resnet-50", steps=10**6)
+        third = h.submit(command=["c"], model="resnet-50", steps=10**6)
+        await pump()
+        assert h.job(third).state is JobState.QUEUED
+        await h.clock.advance(99)
+        assert h.launcher.runs[0].signals == []
+        await h.clock.advance(1)
+        assert h.launcher.runs[0].signals == ["SIGTSTP"]
+        assert h.job(first).state is JobState.SUSPENDING
+
+
+@in_loop
+async def test_restart_adopts_a_live_run_and_settles_one_that_ended_unwatched(tmp_path):
+    store = Store(None)
+    async with running_broker(tmp_path, store=store) as h:
+        a = h.submit(**JOB)
+        b = h.submit(**JOB)
+        await pump()
+        h.launcher.runs[1].report(1000)  # b reached its last step; its exit will go unseen
+    # the broker died (no drain): the store shows both runs open
+    launcher = FakeLauncher(adopt_alive=True)
+    async with running_broker(tmp_path, store=store, launcher=launcher) as h:
+        assert h.events(a)[-1] == "adopted" and h.events(b).count("adopted") == 1
+        assert h.job(a).state is h.job(b).state is JobState.RUNNING
+        assert not [r for r in launcher.runs if r.signals]  # nothing started twice
+        adopted_b = launcher.runs[1]
+        adopted_b.exit(None)  # ended while no broker watched: its files decide
+        await pump()
+        assert h.job(b).state is JobState.DONE
+        assert h.job(a).state is JobState.RUNNING
+
+
+@in_loop
+async def test_run_being_suspended_at_a_crash_still_escalates_after_the_restart(tmp_path):
+    store = Store(None)
+    async with running_broker(tmp_path, store=store) as h:
+        job = h.submit(**JOB)
+        await pump()
+        h.broker.suspend(job)
+    async with running_broker(tmp_path, store=store) as h:
+        assert h.job(job).state is JobState.SUSPENDING
+        (adopted,) = h.launcher.runs
+        await h.clock.advance(60)
+        assert adopted.signals[-2:] == ["SIGCONT", "SIGTERM"]
+
+
+@pytest.mark.parametrize("reason", ["requested by the user"])
+@in_loop
+async def test_user_suspension_is_recorded_with_its_reason(tmp_path, reason):
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        h.broker.suspend(job)
+        (asked,) = [e for e in h.store.events(job) if e.kind == "suspend-requested"]
+        assert asked.data["reason"] == reason
