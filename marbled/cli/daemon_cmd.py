@@ -14,9 +14,8 @@ from pathlib import Path
 import click
 
 from marbled.allocation import AllocationError, slurm_allocation
-from marbled.core.policy import POLICIES, get_policy
-from marbled.core.policy.elastic import STABLE_S
-from marbled.core.policy.malleable import GUARD_S
+from marbled.cli.policy_options import make_policy, policy_settings, policy_summaries
+from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.broker import BrokerConfig
 from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
@@ -58,24 +57,8 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
               help="Run on N EMULATED GPUs (ids 0..N-1), for machines without GPUs. "
                    "Without it: CUDA_VISIBLE_DEVICES, else every GPU NVML reports.")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="marble",
-              show_default=True,
-              help="marble: optimal GPU counts + secondaries + promotion (Algorithm 1); "
-                   "rigid: the LSF way, every job on all GPUs of a node, one after another; "
-                   "moldable: Equipartition of the free GPUs at start (Fujiwara et al.); "
-                   "malleable: Equipartition of all GPUs at every event, running jobs "
-                   "reshaped by suspend/resume (Fujiwara et al.); "
-                   "elastic: start on 1 GPU, double when stable, halve the largest for a "
-                   "newcomer (after ONES); "
-                   "timeslice: round robin of time slices when over-subscribed (Gandiva).")
-@click.option("--time-slice", type=click.FloatRange(min=0.01), default=600.0, show_default=True,
-              help="With --policy timeslice: seconds a job runs before it may be suspended "
-                   "for a waiting one.")
-@click.option("--preempt-guard", type=click.FloatRange(min=0), default=GUARD_S,
-              show_default=True,
-              help="With --policy malleable: a running job is reshaped only if its profile "
-                   "says it has more than this many seconds left.")
-@click.option("--grow-after", type=click.FloatRange(min=0), default=STABLE_S, show_default=True,
-              help="With --policy elastic: seconds a run lasts before its GPUs may double.")
+              show_default=True, help=policy_summaries() + ".")
+@policy_settings
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Throughput curves: a name in profiles/ or a YAML path.")
 @click.option("--time-scale", type=click.FloatRange(min=1e-4, max=1e4), default=1.0,
@@ -123,9 +106,9 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
-def main(state_dir, emulated_gpus, policy, time_slice, preempt_guard, grow_after, profile,
-         time_scale, suspend_timeout, kill_timeout, monitor_interval, prestart, launcher,
-         drain_before, step_args, sample_interval, retry_delay, listen, detach, log_level):
+def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout, kill_timeout,
+         monitor_interval, prestart, launcher, drain_before, step_args, sample_interval,
+         retry_delay, listen, detach, log_level, **settings):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -201,8 +184,7 @@ def main(state_dir, emulated_gpus, policy, time_slice, preempt_guard, grow_after
                     "side (ask for more with --cpus-per-task)", node,
                     allocation.cpus.get(node, 0), len(devices))
     try:
-        chosen = get_policy(policy, time_slice=time_slice, preempt_guard=preempt_guard,
-                            grow_after=grow_after)
+        chosen = make_policy(policy, settings)
         left = asyncio.run(serve(config, chosen, source, runner, listen))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None

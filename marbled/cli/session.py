@@ -1,0 +1,124 @@
+"""`marble` commands for a batch script's session with its broker: ready, wait, shutdown."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from marbled.cli.client import BrokerClient, BrokerUnreachable
+from marbled.cli.common import FINAL, call, client, json_option, output
+
+
+@click.command()
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Give up after this many seconds.")
+@json_option
+@click.pass_context
+def ready(ctx, timeout, as_json):
+    """Wait until a broker answers on the state directory (after 'marbled &' in a script).
+
+    Exit status: 0 once it answers, 1 if none does within --timeout.
+    """
+    api = client(ctx)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status = api.get("/v1/status")
+            break
+        except (BrokerUnreachable, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"no broker answered within {timeout:g} s: {exc}") \
+                    from None
+            time.sleep(0.1)
+    nodes = ", ".join(f"{n}: {len(v['gpus'])} GPUs" for n, v in status["nodes"].items())
+    output(ctx, as_json, status, lambda: click.echo(f"marbled {status['pid']} ready ({nodes})"))
+
+
+@click.command()
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option("--interval", type=float, default=1.0, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+@json_option
+@click.pass_context
+def wait(ctx, timeout, interval, quiet, as_json):
+    """Wait until every job has ended, showing progress.
+
+    Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out.
+    """
+    api = client(ctx)
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    last_line = 0.0
+    while True:
+        jobs = call(api.get, "/v1/jobs")["jobs"]
+        counts: dict[str, int] = {}
+        for j in jobs:
+            counts[j["state"]] = counts.get(j["state"], 0) + 1
+        ended = sum(counts.get(s, 0) for s in FINAL)
+        now = time.monotonic()
+        if not quiet and (tty or now - last_line >= 10 or ended == len(jobs)):
+            parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            line = f"[{now - start:6.1f}s] {ended}/{len(jobs)} ended  {parts}"
+            click.echo(("\r" + line + "\033[K") if tty else line, err=True, nl=not tty)
+            last_line = now
+        if ended == len(jobs):
+            if tty and not quiet:
+                click.echo(err=True)
+            output(ctx, as_json, {"jobs": jobs}, lambda: None)
+            ctx.exit(0 if counts.get("done", 0) == len(jobs) else 1)
+        if timeout is not None and now - start > timeout:
+            if tty and not quiet:
+                click.echo(err=True)
+            click.echo(f"timed out after {timeout:g} s with {len(jobs) - ended} jobs not ended",
+                       err=True)
+            ctx.exit(2)
+        time.sleep(interval)
+
+
+@click.command()
+@click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for the stop.")
+@click.option("--timeout", type=float, default=300.0, show_default=True)
+@json_option
+@click.pass_context
+def shutdown(ctx, no_wait, timeout, as_json):
+    """Suspend every running job to its checkpoint and stop the broker.
+
+    Nothing is lost: a marbled started later on the same state directory
+    resumes the suspended jobs and runs the rest of the queue.
+    """
+    api = client(ctx)
+    pid = call(api.get, "/v1/status")["pid"]
+    call(api.post, "/v1/shutdown")
+    if no_wait:
+        output(ctx, as_json, {"pid": pid, "stopped": False},
+               lambda: click.echo("shutdown started"))
+        return
+    deadline = time.monotonic() + timeout
+    # Over TCP the broker may be on another host: wait until it stops answering instead.
+    while _answers(api) if ctx.find_root().obj["url"] else _process_exists(pid):
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"marbled {pid} did not stop within {timeout:g} s")
+        time.sleep(0.1)
+    output(ctx, as_json, {"pid": pid, "stopped": True}, lambda: click.echo("marbled stopped"))
+
+
+def _answers(api: BrokerClient) -> bool:
+    try:
+        api.get("/v1/status")
+    except (BrokerUnreachable, OSError):
+        return False
+    return True
+
+
+def _process_exists(pid: int) -> bool:
+    """True while `pid` runs; a zombie (exited, not yet reaped by its parent) has stopped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+COMMANDS = (ready, wait, shutdown)
