@@ -9,11 +9,12 @@ JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 1}}
 
 
-def _answer(description: str, status: str = "200") -> dict:
+def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> dict:
     errors = {code: {"description": why, "content": {"application/json": {"schema": ERROR}}}
               for code, why in (("400", "bad input; `error` says what to change"),
                                 ("403", "another user"), ("404", "no such job"),
-                                ("409", "not in this state"))}
+                                ("409", "not in this job's state (`retry`: whether it may be "
+                                        "later)"), *more)}
     return {status: {"description": description,
                      "content": {"application/json": {"schema": {"type": "object"}}}},
             **errors}
@@ -65,7 +66,10 @@ SPEC = {
                               "required": ["jobs"], "properties": {"jobs": {
                                   "type": "array", "minItems": 1, "maxItems": 10000,
                                   "items": {"$ref": "#/components/schemas/Job"}}}}]}}}},
-                     "responses": _answer("the accepted jobs", "201")},
+                     "responses": _answer(
+                         "the accepted jobs", "201", ("413", "more than 10,000 jobs or 4 MiB"),
+                         ("415", "the body is not application/json"),
+                         ("503", "the broker drains or has no GPUs: submit to the next one"))},
         },
         "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
                                       "parameters": [JOB_ID], "responses": _answer("job")}},
@@ -83,7 +87,10 @@ SPEC = {
     },
     "components": {"schemas": {
         "Job": JOB,
-        "Error": {"type": "object", "required": ["error"], "properties": {
-            "error": {"type": "string"}, "field": {"type": "string"}}},
+        "Error": {"type": "object", "required": ["error", "retry"], "properties": {
+            "error": {"type": "string", "description": "what to change"},
+            "field": {"type": "string", "description": "the field at fault"},
+            "retry": {"type": "boolean", "description": "true: not now (the same request "
+                                                        "may succeed later); false: never"}}},
     }},
 }

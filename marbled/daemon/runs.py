@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 
@@ -28,8 +26,9 @@ from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
+from marbled.daemon.requests import launch_request
 from marbled.daemon.workfiles import JobFiles
-from marbled.launch.base import Launcher, LaunchRequest, RunHandle
+from marbled.launch.base import Launcher, RunHandle
 
 log = logging.getLogger("marbled")
 
@@ -103,8 +102,9 @@ class Runs:
         try:
             handle = await self.standby.take(job_id, {**run_env, "devices": devices})
             if handle is None:
-                request = replace(self.request(job_id, action.node, devices, run_env),
-                                  others=others)
+                request = replace(launch_request(self.config, self.files, job_id,
+                                                 self.specs[job_id], action.node, devices,
+                                                 run_env), others=others)
                 try:
                     handle = await self.launcher.launch(request)
                 except OSError as exc:
@@ -131,25 +131,6 @@ class Runs:
         else:
             self._on_launched(job_id)
 
-    def request(self, job_id: int, node: str, devices: tuple[str, ...],
-                run_env: dict[str, str]) -> LaunchRequest:
-        """What the launcher starts for a run of `job_id` on `devices` of `node`."""
-        spec, jdir = self.specs[job_id], self.files.dir(job_id)
-        env = {"MARBLE_JOB_ID": str(job_id), "MARBLE_RUN_DIR": str(jdir),
-               "MARBLE_CHECKPOINT_DIR": str(self.files.checkpoints(job_id)), **run_env}
-        if node == self.config.broker_node:  # a signal cannot reach the broker from elsewhere
-            env["MARBLE_BROKER_PID"] = str(os.getpid())
-        if spec.steps:
-            env["MARBLE_TARGET_STEPS"] = str(spec.steps)
-        if spec.model:
-            env["MARBLE_MODEL"] = spec.model
-        if spec.emulate:
-            env["MARBLE_PROFILE"] = self.config.profile_ref
-            env["MARBLE_TIME_SCALE"] = repr(self.config.time_scale)
-        argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
-        return LaunchRequest(tuple(argv), env, node, devices, jdir, self.files.stdout(job_id),
-                             self.files.stderr(job_id))
-
     async def _record_placement(self, job_id: int, run_id: int, handle) -> None:
         info = await handle.placement()
         if info:
@@ -172,8 +153,9 @@ class Runs:
                 or not self.files.waits_for_go(job.id, once_training):
             return
         go = self.files.go_file(job.id)
-        self.standby.start(job.id, go, self.request(job.id, job.placement.node, (), {
-            "MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())}))
+        self.standby.start(job.id, go, launch_request(
+            self.config, self.files, job.id, self.specs[job.id], job.placement.node, (),
+            {"MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())}))
 
     # ------------------------------------------------------------ suspension and stops
 

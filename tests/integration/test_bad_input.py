@@ -164,3 +164,15 @@ def test_another_user_is_refused_even_through_an_open_socket(daemon_factory):
     assert daemon.client.get("/v1/status")["pid"] == daemon.proc.pid  # the owner still may
     daemon.stop()
     shutil.rmtree(top, ignore_errors=True)
+
+
+def test_not_now_and_never_are_told_apart(daemon):
+    """409 either way, but `retry` says whether the same request may succeed later."""
+    daemon.submit({"gpus": 6, "command": ["sleep", "30"]}, {"model": "resnet-50", "steps": 5,
+                                                           "command": ["true"]})
+    code, body = raw(daemon, "POST", "/v1/jobs/2/suspend", b"{}")
+    assert (code, body["retry"]) == (409, True) and "only a running job" in body["error"]
+    code, body = raw(daemon, "POST", "/v1/jobs/1/suspend", b"{}")
+    assert (code, body["retry"]) == (409, False) and "fixed GPU count" in body["error"]
+    code, body = raw(daemon, "GET", "/v1/jobs/9")
+    assert (code, body["retry"]) == (404, False)

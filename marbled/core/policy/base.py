@@ -103,11 +103,12 @@ class Policy:
         """Why `job` is where it is, in one line."""
         if job.state.finished:
             return f"{job.state.value}"
+        target = job.resume_on and f"{len(job.resume_on.gpus)} GPUs of {job.resume_on.node}"
         if job.state is JobState.SUSPENDING:
-            return "is writing its checkpoint to be suspended"
-        if job.resume_on is not None:
-            return (f"resumes on {len(job.resume_on.gpus)} GPUs of {job.resume_on.node} "
-                    "as soon as its checkpoint is written")
+            return "is writing its checkpoint" + (f", to resume on {target}" if target else
+                                                  " to be suspended")
+        if target:
+            return f"resumes on {target}, reserved for it"
         if job.placement is not None:
             count = len(job.gpus) if job.placement.share == 1 else f"1/{job.placement.share} of 1"
             which = "its demand" if len(job.gpus) == job.demand else f"its demand is {job.demand}"
