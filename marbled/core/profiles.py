@@ -37,6 +37,8 @@ class ThroughputCurve:
     steps_per_second: tuple[float, ...]  # index g-1 holds the throughput on g GPUs
     # (n, steps/s of one run on 1/n of a GPU shared with n-1 others); empty: never shares
     shared: tuple[tuple[int, float], ...] = ()
+    startup_s: float | None = None  # launch -> first step (import, build, restore)
+    suspend_s: float | None = None  # SIGTSTP -> exit (checkpoint, acknowledgement)
 
     @property
     def max_gpus(self) -> int:

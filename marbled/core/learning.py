@@ -1,0 +1,184 @@
+"""Throughput curves learned from the runs themselves (pure).
+
+Every run measures its model at its GPU count: how many steps per second it made
+once it was training, how long it took from launch to its first step, and how
+long a suspension took. `Knowledge` keeps the newest of these per model and
+count and says what the broker should believe:
+
+* a count's throughput is the median of its newest `RECENT` samples (robust to
+  an outlier run), trusted once it has `min_samples`;
+* the curve (`curve()`): trusted counts as measured; the others from the
+  profile's curve scaled to the measurements (when the measurements keep its
+  shape), else from Optimus's scaling model 1/v(g) = a + b/g + c*g fitted to the
+  measured counts (Peng et al., EuroSys 2018; three counts or more), else the
+  nearest measured count's value;
+* the count the model's next run should use (`next_count()`): the curve's
+  optimum once it is known; while it is not (a model no profile knows, or one
+  whose measurements contradict its profile), a search: double while a doubling
+  pays at least `gain`, halve from a profile's optimum that turned out wrong,
+  and with three counts or more try the fitted optimum until it is measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from statistics import median
+
+from marbled.core.profiles import ThroughputCurve
+
+RECENT = 9  # samples per count that the median is taken over
+
+
+@dataclass(frozen=True)
+class Learning:
+    """How the broker learns: `min_samples` runs make a count trusted; measurements within
+    `tolerance` of the profile keep its shape; a doubling must add `gain` to be tried
+    further; a model no profile knows starts on `start_gpus`."""
+
+    min_samples: int = 1
+    tolerance: float = 0.15
+    gain: float = 0.05
+    start_gpus: int = 1
+
+
+def fit_scaling(points: dict[int, float]) -> tuple[float, float, float] | None:
+    """(a, b, c) of 1/v = a + b/g + c*g by least squares over `points` {g: v} (three or
+    more counts); None if they do not determine it."""
+    if len(points) < 3:
+        return None
+    rows = [(1.0, 1.0 / g, float(g), 1.0 / v) for g, v in points.items()]
+    # normal equations, 3x3, solved by Cramer's rule (no numerical library in the core)
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    aty = [sum(r[i] * r[3] for r in rows) for i in range(3)]
+    det = _det3(ata)
+    if abs(det) < 1e-18:
+        return None
+    coef = []
+    for k in range(3):
+        m = [[aty[i] if j == k else ata[i][j] for j in range(3)] for i in range(3)]
+        coef.append(_det3(m) / det)
+    return coef[0], coef[1], coef[2]
+
+
+def _det3(m: list[list[float]]) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+
+
+def scaled(coef: tuple[float, float, float], g: int) -> float | None:
+    a, b, c = coef
+    inverse = a + b / g + c * g
+    return 1.0 / inverse if inverse > 0 else None
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    """What the broker knows of one model: its profile curve (if any) and its samples."""
+
+    model: str
+    profile: ThroughputCurve | None = None
+    throughput: dict[int, tuple[float, ...]] = field(default_factory=dict)  # g -> steps/s
+    startup: tuple[float, ...] = ()  # seconds from launch to the first step
+    suspend: tuple[float, ...] = ()  # seconds from SIGTSTP to the exit
+    learning: Learning = Learning()
+
+    # -- what was measured
+
+    def measured(self) -> dict[int, float]:
+        """Trusted counts and their median throughput."""
+        return {g: median(v) for g, v in sorted(self.throughput.items())
+                if len(v) >= self.learning.min_samples}
+
+    def with_sample(self, kind: str, value: float, gpus: int = 0) -> Knowledge:
+        """This knowledge with one more sample: 'throughput' at `gpus`, 'startup' or
+        'suspend' (seconds); the oldest beyond RECENT is forgotten."""
+        if kind == "throughput":
+            samples = (*self.throughput.get(gpus, ()), value)[-RECENT:]
+            return replace(self, throughput={**self.throughput, gpus: samples})
+        return replace(self, **{kind: (*getattr(self, kind), value)[-RECENT:]})
+
+    # -- what to believe
+
+    def shape_holds(self) -> bool:
+        """Do the measurements keep the profile's shape (the same ratio to it everywhere,
+        and with one count only, close to it)?"""
+        points = self.measured()
+        if self.profile is None or not points:
+            return self.profile is not None
+        ratios = [v / self.profile.throughput(g) for g, v in points.items()]
+        tol = 1 + self.learning.tolerance
+        if len(ratios) == 1:
+            return 1 / tol <= ratios[0] <= tol
+        return max(ratios) / min(ratios) <= tol
+
+    def curve(self, max_gpus: int) -> ThroughputCurve | None:
+        """The best estimate of steps/s on 1..max_gpus GPUs; None if nothing is known."""
+        points = self.measured()
+        if not points:
+            return self.profile
+        if self.shape_holds():
+            ratio = median(v / self.profile.throughput(g) for g, v in points.items())
+            guess = {g: self.profile.throughput(g) * ratio for g in range(1, max_gpus + 1)}
+        else:
+            coef = fit_scaling(points)
+            guess = {}
+            for g in range(1, max_gpus + 1):
+                fitted = scaled(coef, g) if coef else None
+                nearest = min(points, key=lambda m, g=g: (abs(m - g), m))
+                guess[g] = fitted if fitted is not None else points[nearest]
+        values = tuple(points.get(g, guess[g]) for g in range(1, max_gpus + 1))
+        shared = self.profile.shared if self.profile else ()
+        return ThroughputCurve(self.profile.model if self.profile else self.model, values,
+                               shared, **self._costs())
+
+    def _costs(self) -> dict:
+        out = {}
+        for kind in ("startup", "suspend"):
+            samples = getattr(self, kind)
+            known = getattr(self.profile, f"{kind}_s", None) if self.profile else None
+            out[f"{kind}_s"] = (median(samples[-RECENT:])
+                                if len(samples) >= self.learning.min_samples else known)
+        return out
+
+    def next_count(self, max_gpus: int) -> int:
+        """The GPU count the model's next run should use."""
+        points = self.measured()
+        if not points:
+            start = self.profile.optimal_gpus(max_gpus) if self.profile else \
+                self.learning.start_gpus
+            return min(start, max_gpus)
+        curve = self.curve(max_gpus)
+        if self.shape_holds():
+            return curve.optimal_gpus(max_gpus)
+        best = max(points, key=lambda g: (points[g], -g))
+        if len(points) >= 3 and fit_scaling(points):
+            return curve.optimal_gpus(max_gpus)  # the fitted optimum, measured or to try
+        if best == max(points) and best < max_gpus:
+            below = [g for g in points if g < best]
+            if not below or points[best] >= (1 + self.learning.gain) * points[max(below)]:
+                return min(2 * best, max_gpus)  # the last doubling paid: try the next
+        if best == min(points) and best > 1 and self.profile is not None:
+            return max(1, best // 2)  # the profile's optimum was too high: look lower
+        return best
+
+    def disagreement(self, max_gpus: int) -> str | None:
+        """Why the measurements contradict the profile (for `marble curves`), if they do."""
+        if self.profile is None:
+            return None
+        points = self.measured()
+        off = [(g, v, self.profile.throughput(g)) for g, v in points.items()
+               if abs(v / self.profile.throughput(g) - 1) > self.learning.tolerance]
+        said = self.profile.optimal_gpus(max_gpus)
+        found = self.next_count(max_gpus) if points else said
+        reasons = []
+        if found != said:
+            reasons.append(f"optimum {found} GPUs, the profile says {said}")
+        for g, v, p in off:
+            reasons.append(f"{v:.3g} steps/s on {g} GPUs, the profile says {p:.3g}")
+        return "; ".join(reasons) or None
+
+
+def knowledge_of(models: Iterable[Knowledge]) -> dict[str, Knowledge]:
+    return {k.model: k for k in models}
