@@ -38,10 +38,12 @@ from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workl
               help="Nodes in the simulated allocation, --gpus each.")
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node. [default: the profile's gpus_per_node]")
-@click.option("--launch-overhead", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds from a launch to the first step (import, build, restore).")
-@click.option("--suspend-overhead", type=click.FloatRange(min=0), default=0.0,
-              show_default=True, help="Seconds from a suspension request to the exit.")
+@click.option("--launch-overhead", type=click.FloatRange(min=0), default=None,
+              help="Seconds from a launch to the first step (import, build, restore), for "
+                   "every model. [default: each model's startup_s in the profile, else 0]")
+@click.option("--suspend-overhead", type=click.FloatRange(min=0), default=None,
+              help="Seconds from a suspension request to the exit, for every model. "
+                   "[default: each model's suspend_s in the profile, else 0]")
 @policy_settings
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
@@ -90,9 +92,10 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
         gantt_png(results, gantt)
 
     def text() -> None:
+        costs = ", ".join(f"{what} {'per model' if v is None else f'{v:g} s'}" for what, v in
+                          (("launch", launch_overhead), ("suspend", suspend_overhead)))
         click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {per_node} GPUs, profile "
-                   f"{book.system}, overheads: launch {launch_overhead:g} s, "
-                   f"suspend {suspend_overhead:g} s")
+                   f"{book.system}, overheads: {costs}")
         click.echo(comparison_table(results))
         if gantt:
             click.echo(f"Gantt chart: {gantt}")

@@ -11,6 +11,10 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from marbled.core.profiles import ThroughputCurve
 
 
 class JobState(StrEnum):
@@ -72,6 +76,9 @@ class Job:
     `--gpus K`) runs on exactly its count and is never suspended. A job on
     `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary.
     `max_share` > 1: its profile says it trains usefully on 1/max_share of a GPU.
+    `curve` (its model's throughput, with start-up and suspend costs) and `steps_left`
+    (the steps it still has to train when it is not running) are for policies that
+    weigh speed-ups and costs; None when the driver does not know them.
     """
 
     id: int
@@ -88,6 +95,8 @@ class Job:
     not_before: float | None = None  # after a failure: waits out its retry back-off
     expected_end: float | None = None  # the driver's estimate for the current run (None: unknown)
     max_share: int = 1  # the most runs it may share one GPU with (itself included)
+    curve: ThroughputCurve | None = None
+    steps_left: float | None = None  # at its submission or its last suspension
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -263,15 +272,18 @@ class State:
                 new = self._finish(job, JobState.CANCELLED)
         return self._put(new)
 
-    def suspended(self, job_id: int, not_before: float | None = None) -> Job:
+    def suspended(self, job_id: int, not_before: float | None = None,
+                  steps_left: float | None = None) -> Job:
         """The job checkpointed and exited after a Suspend (or was stopped by force); with
-        `not_before`, it failed and is retried from its checkpoint after that time."""
+        `not_before`, it failed and is retried from its checkpoint after that time;
+        `steps_left`: what its checkpoint leaves to train, if the driver knows."""
         job = self.jobs[job_id]
         if job.state not in (JobState.SUSPENDING, JobState.RUNNING):
             raise TransitionError(f"job {job_id} is {job.state}, not running")
         return self._put(replace(
             job, state=JobState.SUSPENDED, placement=None, role=None,
             suspensions=job.suspensions + 1, not_before=not_before, expected_end=None,
+            steps_left=job.steps_left if steps_left is None else steps_left,
         ))
 
     def finished(self, job_id: int, state: JobState) -> Job:

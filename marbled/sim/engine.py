@@ -1,9 +1,10 @@
 """A discrete-event simulator that drives the same policy objects as the daemon.
 
-Progress follows the profile curves; a launch costs `launch_s` before the
-first step (interpreter, framework, restore) and a suspension costs
+Progress follows the profile curves; a launch costs its model's `startup_s`
+before the first step (interpreter, framework, restore) and a suspension its
 `suspend_s` between the request and the exit (the checkpoint), both with the
-GPUs held. Time is virtual: a job set of the paper runs in microseconds, ten
+GPUs held; `launch_s` and `suspend_s`, when given, override every model's.
+Time is virtual: a job set of the paper runs in microseconds, ten
 thousand jobs on 64 nodes in seconds (`benchmarks/simulator_speed.py`).
 """
 
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from marbled.core.decision import settle
 from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
-from marbled.core.profiles import ProfileBook
+from marbled.core.profiles import ProfileBook, ThroughputCurve
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
 
@@ -144,6 +145,10 @@ def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
     return max(longest, start + gpu_time / (gpus_per_node * nodes))
 
 
+def _cost(override: float | None, own: float | None) -> float:
+    return float(override if override is not None else own or 0.0)
+
+
 @dataclass
 class _Live:
     run_start: float
@@ -151,6 +156,7 @@ class _Live:
     start_step: float
     rate: float
     version: int
+    suspend_s: float  # what its suspension costs
     stop_at: float | None = None  # set when a suspension is under way
 
     def steps_at(self, t: float) -> float:
@@ -163,9 +169,14 @@ class Simulator:
     policy: Policy
     gpus_per_node: int
     nodes: int = 1
-    launch_s: float = 0.0
-    suspend_s: float = 0.0
+    launch_s: float | None = None  # None: each model's startup_s (0 if its profile has none)
+    suspend_s: float | None = None
     runs: list[SimRun] = field(default_factory=list)
+
+    def _costed(self, curve: ThroughputCurve) -> ThroughputCurve:
+        """The curve with the costs this simulation charges its runs."""
+        return replace(curve, startup_s=_cost(self.launch_s, curve.startup_s),
+                       suspend_s=_cost(self.suspend_s, curve.suspend_s))
 
     def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
         arrivals = sorted(
@@ -207,7 +218,9 @@ class Simulator:
                 sizing = size_job(a.spec, self.book, self.gpus_per_node)
                 state.submit(Job(next_arrival, sizing.demand, sizing.malleable,
                                  tuple(x for x in a.spec.after if isinstance(x, int)),
-                                 max_share=sizing.max_share))
+                                 max_share=sizing.max_share,
+                                 curve=self._costed(self.book.lookup(a.spec.model)),
+                                 steps_left=float(a.spec.steps)))
                 done[next_arrival] = 0.0
             for action, job in settle(self.policy, state, t):
                 if isinstance(action, Start):
@@ -216,16 +229,17 @@ class Simulator:
                                                                    action.share)
                     held = len(action.gpus) / action.share
                     version += 1
-                    lv = _Live(t, t + self.launch_s, done[job.id], rate, version)
+                    lv = _Live(t, t + job.curve.startup_s, done[job.id], rate, version,
+                               job.curve.suspend_s)
                     live[job.id] = lv
                     first_start.setdefault(job.id, t)
-                    overhead += self.launch_s * held
+                    overhead += job.curve.startup_s * held
                     finish = lv.progress_from + (spec.steps - lv.start_step) / rate
                     heapq.heappush(heap, (finish, version, job.id, "done"))
                     state.expect(job.id, finish)
                 elif isinstance(action, Suspend):
                     lv = live[job.id]
-                    lv.stop_at = t + self.suspend_s
+                    lv.stop_at = t + lv.suspend_s
                     lv.version = version = version + 1
                     left = arrivals[job.id - 1].spec.steps - lv.steps_at(t)
                     finish = max(t, lv.progress_from) + left / lv.rate
@@ -261,12 +275,12 @@ class Simulator:
                 completion[who] = t
             else:
                 # The checkpoint holds the last whole step reached before the request.
-                reached = math.floor(lv.steps_at(lv.stop_at - self.suspend_s))
+                reached = math.floor(lv.steps_at(lv.stop_at - lv.suspend_s))
                 done[who] = float(reached)
                 p = state.jobs[who].placement
-                overhead += self.suspend_s * len(p.gpus) / p.share
+                overhead += lv.suspend_s * len(p.gpus) / p.share
                 end_run(who, "suspended", reached)
-                state.suspended(who)
+                state.suspended(who, steps_left=arrivals[who - 1].spec.steps - reached)
 
         stats = {
             i: JobStats(i, a.spec.model, a.spec.steps, a.at, first_start.get(i, a.at),
