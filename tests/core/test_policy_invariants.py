@@ -27,6 +27,7 @@ from marbled.core.model import (
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.policy.base import dependency_status
 from marbled.core.policy.malleable import GUARD_S
+from marbled.core.profiles import ThroughputCurve
 
 MAX_ITERATIONS = 500
 
@@ -57,7 +58,15 @@ def scenarios(draw) -> Scenario:
         if i > 1 and draw(st.integers(0, 3)) == 0:
             deps = draw(st.sets(st.integers(1, i - 1), min_size=1, max_size=3))
             after = tuple(sorted(deps))
-        jobs.append(Job(i, demand, malleable, after, max_share=max_share))
+        curve = None
+        if malleable and draw(st.booleans()):  # a curve that peaks at the demand
+            power = draw(st.floats(0.3, 1.0))
+            speeds = [g ** power if g <= demand else demand ** power * 0.97 ** (g - demand)
+                      for g in range(1, max(sizes) + 1)]
+            curve = ThroughputCurve("m", tuple(speeds), startup_s=draw(st.sampled_from([0, 5])),
+                                    suspend_s=1.0)
+        jobs.append(Job(i, demand, malleable, after, max_share=max_share, curve=curve,
+                        steps_left=draw(st.sampled_from([None, 100.0, 5000.0]))))
     return Scenario(sizes, tuple(jobs))
 
 
@@ -157,6 +166,11 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     if job.waiting:  # starts small: one GPU, or a rigid job's count
                         assert len(gpus) == (1 if job.malleable else job.demand)
                     assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
+                elif policy == "adaptive":  # 1 GPU up to its demand, if it has a curve
+                    low = 1 if job.malleable and job.curve is not None else job.demand
+                    assert low <= len(gpus) <= job.demand, f"adaptive: job {job.id} on {gpus}"
+                    assert action.share == 1
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy in ("moldable", "malleable"):
                     low = 1 if job.malleable else job.demand
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
@@ -175,6 +189,10 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 mine, new = set(job.gpus), set(target.gpus)
                 assert new < mine or mine < new, f"elastic: {job.gpus} -> {target.gpus}"
                 assert len(target.gpus) <= job.demand
+            case Suspend(resume_on=target) if policy == "adaptive":
+                assert target is None and job.malleable and job.state is JobState.RUNNING
+                assert job.curve is not None and job.expected_end is not None
+                assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
             case Suspend(resume_on=target) if policy == "malleable":
                 assert target is None and job.malleable and job.state is JobState.RUNNING
                 assert job.expected_end is not None and job.expected_end > GUARD_S, (

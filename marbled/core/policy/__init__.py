@@ -5,6 +5,7 @@ declares) and one line in `POLICIES`; the CLIs, the daemon and the simulator tak
 its name, summary and options from the class.
 """
 
+from marbled.core.policy.adaptive import AdaptivePolicy
 from marbled.core.policy.base import Option, Policy
 from marbled.core.policy.elastic import ElasticPolicy
 from marbled.core.policy.malleable import MalleableEquipartition
@@ -14,8 +15,8 @@ from marbled.core.policy.rigid import WholeNodeFifo
 from marbled.core.policy.timeslice import TimeslicePolicy
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
-    ElasticPolicy, MalleableEquipartition, MarblePolicy, MoldableEquipartition, WholeNodeFifo,
-    TimeslicePolicy)}
+    AdaptivePolicy, ElasticPolicy, MalleableEquipartition, MarblePolicy, MoldableEquipartition,
+    WholeNodeFifo, TimeslicePolicy)}
 
 
 def get_policy(name: str, **settings: float | None) -> Policy:
@@ -37,6 +38,6 @@ def all_options() -> dict[str, tuple[Option, list[str]]]:
     return out
 
 
-__all__ = ["POLICIES", "ElasticPolicy", "MalleableEquipartition", "MarblePolicy",
+__all__ = ["POLICIES", "AdaptivePolicy", "ElasticPolicy", "MalleableEquipartition", "MarblePolicy",
            "MoldableEquipartition", "Option", "Policy", "TimeslicePolicy", "WholeNodeFifo",
            "all_options", "get_policy"]

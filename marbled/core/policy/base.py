@@ -95,8 +95,9 @@ class Policy:
         if job.nodes > 1 and not self.multi_node:
             from marbled.core.policy import POLICIES  # the registry imports every policy
 
-            able = " or ".join(n for n, p in sorted(POLICIES.items()) if p.multi_node)
-            return "nodes", f"policy {self.name} runs single-node jobs only; use --policy {able}"
+            able = [n for n, p in sorted(POLICIES.items()) if p.multi_node]
+            return "nodes", (f"policy {self.name} runs single-node jobs only; use --policy "
+                             f"{', '.join(able[:-1])} or {able[-1]}")
         return None
 
     def explain(self, job: Job, state: State, now: float) -> str:

@@ -1,0 +1,288 @@
+"""Adaptive: each job's GPU count from its curve and the load; reshape only when it pays.
+
+marbled's own policy, for a centre that does not know its load in advance.
+
+* Size by load. The eligible jobs, in FIFO order, each get their minimum (one
+  GPU for a job that may be resized, its count for a rigid one) while GPUs
+  last; the GPUs left go one at a time to the job whose next GPU adds most,
+  up to its fastest count. "Most" weighs the throughput a GPU adds against the
+  work the job has left, to the power `bias`: with a positive bias the short
+  job's next GPU comes first (it frees its GPUs soonest: the mean completion
+  time), with a negative one the long job's (it decides when the last job ends:
+  the makespan). Alone, a job gets its fastest count; in a long queue, one GPU
+  each, the most efficient count.
+* Look ahead. While few jobs are in the system (at most `LOOKAHEAD_JOBS`),
+  each candidate bias is played forward in a fluid model of the jobs
+  already known (their curves, the work they have left, the cost of each
+  reshape), and the decision takes the candidate with the smallest total of
+  completion times among those whose last job ends within `makespan_slack` of
+  the earliest end any candidate reaches. With more jobs, every job gets one
+  GPU or few, and the bias hardly matters: the plan uses bias 1.
+* Reshape only when it pays. A running job moves to its planned count only if
+  the time its remaining steps save exceeds its own suspend-and-resume cost by
+  `reshape_margin` times; GPUs are taken from it for newcomers only if they gain
+  more than it loses. A job near its end is never moved. A job keeps its node
+  and GPUs while its count stays; a new job goes where it gets its planned count.
+* FIFO: jobs start in FIFO order among those whose dependencies are met; rigid
+  (`--gpus K`), multi-node and unprofiled jobs run on exactly their count and are
+  never moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from marbled.core.model import Job, JobState, Start, State, Suspend
+from marbled.core.policy.base import Option, Policy, fifo_candidates, resizing, role_for
+
+# The candidates the look-ahead weighs: (bias, whether the critical job -- the one with the
+# longest time left even on its fastest count -- gets that count first).
+CANDIDATES = ((-1.0, False), (0.0, False), (0.5, False), (1.0, False), (2.0, False), (1.0, True),
+              (0.0, True))
+LOOKAHEAD_JOBS = 16  # jobs in the system up to which the candidates are played forward
+
+
+@dataclass(frozen=True)
+class Item:
+    """A job as the planner sees it."""
+
+    id: int
+    speeds: tuple[float, ...]  # steps/s on 1..high GPUs; () for a job without a curve
+    work: float  # steps left
+    low: int  # the fewest GPUs (on each node) it may get
+    high: int  # the most that still make it faster
+    nodes: int = 1
+    home: str | None = None  # its node while it runs
+    count: int = 0  # GPUs it runs on now (0: waiting)
+    fixed: bool = False  # runs on `count`, not to be moved
+    cost: float = 0.0  # seconds a reshape costs it (suspend + start-up)
+
+    def speed(self, g: int) -> float:
+        return self.speeds[min(g, len(self.speeds)) - 1] if self.speeds else 1.0
+
+
+def allocate(items: list[Item], room: dict[str, int], bias: float,
+             critical: bool = False) -> dict[int, tuple]:
+    """{id: (nodes, count)} for the FIFO prefix of `items` that fits in `room` (GPUs per
+    node, the fixed items' already taken out); the spare GPUs by marginal gain, after the
+    critical job's fastest count if `critical`."""
+    room = dict(room)
+    out: dict[int, list] = {}
+    for item in items:
+        if item.fixed:
+            out[item.id] = [(item.home,), item.count]
+            continue
+        fits = [n for n in room if room[n] >= item.low]
+        if item.home in fits:
+            nodes = [item.home]
+        else:
+            nodes = sorted(fits, key=lambda n: -room[n])[:item.nodes] if item.nodes == 1 \
+                else fits[:item.nodes]
+        if len(nodes) < item.nodes:
+            break  # strict FIFO: the jobs behind it wait too
+        for n in nodes:
+            room[n] -= item.low
+        out[item.id] = [tuple(nodes), item.low]
+    by_id = {i.id: i for i in items}
+    if critical:
+        free = [by_id[i] for i, (nodes, _) in out.items() if len(nodes) == 1
+                and not by_id[i].fixed and by_id[i].work > 0]
+        if free:
+            first = max(free, key=lambda i: (i.work / i.speed(i.high), -i.id))
+            node = out[first.id][0][0]
+            more = min(first.high - out[first.id][1], room[node])
+            out[first.id][1] += more
+            room[node] -= more
+    for node, left in room.items():
+        mine = [by_id[i] for i, (nodes, _) in out.items()
+                if nodes == (node,) and not by_id[i].fixed]
+        for _ in range(left):
+            best, gain = None, 0.0
+            for item in mine:
+                g = out[item.id][1]
+                if g >= item.high:
+                    continue
+                added = (item.speed(g + 1) - item.speed(g)) / item.speed(1)
+                # work unknown (no step count): by throughput alone
+                value = added / (item.work / item.speed(1)) ** bias if item.work > 0 else added
+                if value > gain:
+                    best, gain = item, value
+            if best is None:
+                break
+            out[best.id][1] += 1
+    return {i: tuple(v) for i, v in out.items()}
+
+
+def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float, bool],
+                 queue: list[Item] = ()) -> tuple[float, float]:
+    """(sum of completion times, the last one) from now, in a fluid model: the items run
+    at their curve's speed, are re-planned with `candidate` whenever one ends, and pay their
+    cost whenever their count changes; `queue` waits behind them in FIFO order."""
+    now, total, last = 0.0, 0.0, 0.0
+    live = {i.id: i for i in [*items, *queue]}
+    delay: dict[int, float] = {}  # start-up still to wait before progress
+    for _ in range(4 * len(live) + 4):
+        if not live:
+            break
+        plan = allocate(list(live.values()), _free_room(live, room), *candidate)
+        running = {i: plan[i][1] for i in plan}
+        for i, g in running.items():
+            item = live[i]
+            if item.count and item.count != g:
+                delay[i] = delay.get(i, 0.0) + item.cost
+            live[i] = replace(item, count=g, home=plan[i][0][0] if len(plan[i][0]) == 1
+                              else item.home)
+        ends = {i: delay.get(i, 0.0) + live[i].work / live[i].speed(g)
+                for i, g in running.items()}
+        if not ends:
+            break
+        step = min(ends.values())
+        now += step
+        for i, g in running.items():
+            if ends[i] <= step + 1e-9:
+                total += now
+                last = now
+                del live[i]
+                delay.pop(i, None)
+                continue
+            used = min(step, delay.get(i, 0.0))
+            delay[i] = delay.get(i, 0.0) - used
+            live[i] = replace(live[i], work=live[i].work - (step - used) * live[i].speed(g))
+    return total, last
+
+
+def _free_room(live: dict[int, Item], room: dict[str, int]) -> dict[str, int]:
+    out = dict(room)
+    for item in live.values():
+        if item.fixed:
+            out[item.home] -= item.count
+    return out
+
+
+class AdaptivePolicy(Policy):
+    name = "adaptive"
+    summary = ("each job's GPU count from its curve and the load, reshaped only when it "
+               "pays (marbled's own)")
+    options = (
+        Option("reshape_margin", 1.0, "a running job is reshaped only if that saves more "
+                                      "than 1 + this times its suspend-and-resume cost"),
+        Option("makespan_weight", 1.0, "how much the look-ahead weighs the end of the last "
+                                       "job against the mean completion time"),
+    )
+    multi_node = True
+    reshape_margin: float
+    makespan_weight: float
+
+    def choose(self, state: State, now: float) -> list:
+        engaged = state.engaged()
+        if state.resumable() or resizing(engaged):
+            return []  # a reshape is under way: decide on what it leaves
+        room = {n: node.size for n, node in state.nodes.items()}
+        gpus = sum(room.values())
+        running = [self._item(j, now, movable=self._movable(j, now)) for j in engaged]
+        waiting = []
+        spare = gpus - sum(i.count for i in running if i.fixed)
+        for job in fifo_candidates(state, now):
+            if spare <= 0 and len(waiting) >= gpus:
+                break
+            item = self._item(job, now)
+            spare -= item.low * item.nodes
+            waiting.append(item)
+        candidate = self._candidate(running, waiting, room)
+        plan = self._settle(running, waiting, room, candidate)
+        by_id = {i.id: i for i in running}
+        moved = [j for j in engaged if j.id in by_id and not by_id[j.id].fixed
+                 and plan.get(j.id) != ((j.placement.node,), len(j.gpus))]
+        if moved:
+            return [Suspend(j.id, None, f"adaptive: {len(j.gpus)} -> "
+                                        f"{plan[j.id][1] if j.id in plan else 0} GPUs")
+                    for j in moved]
+        free = {n: state.free(n) for n in state.nodes}
+        actions: list = []
+        for item in waiting:
+            if item.id not in plan:
+                break
+            nodes, count = plan[item.id]
+            parts = []
+            for n in nodes:
+                parts.append((n, tuple(free[n][:count])))
+                free[n] = free[n][count:]
+            job = state.jobs[item.id]
+            actions.append(Start(job.id, *parts[0], role_for(job, count), tuple(parts[1:])))
+        return actions
+
+    # -- the plan
+
+    def _candidate(self, running: list[Item], waiting: list[Item],
+                   room: dict[str, int]) -> tuple[float, bool]:
+        """The candidate whose future looks best (bias 1 when many jobs are in the system)."""
+        n = len(running) + len(waiting)
+        if not n or n > LOOKAHEAD_JOBS:
+            return 1.0, False
+        outcomes = {c: play_forward(running, room, c, waiting) for c in CANDIDATES}
+        total = min(t for t, _ in outcomes.values()) or 1.0
+        last = min(end for _, end in outcomes.values()) or 1.0
+        return min(CANDIDATES, key=lambda c: (
+            max(outcomes[c][0] / total, (outcomes[c][1] / last) ** self.makespan_weight),
+            outcomes[c][0]))
+
+    def _settle(self, running: list[Item], waiting: list[Item], room: dict[str, int],
+                candidate: tuple[float, bool]) -> dict[int, tuple]:
+        """The plan, with every running job whose change does not pay kept as it is."""
+        items = sorted([*running, *waiting], key=lambda i: i.id)
+        for _ in range(len(running) + 1):
+            live = {i.id: i for i in items}
+            plan = allocate(items, _free_room(live, room), *candidate)
+            unpaid = [i for i in items if i.count and not i.fixed
+                      and plan.get(i.id) != ((i.home,), i.count)
+                      and not self._pays(i, plan, items)]
+            if not unpaid:
+                return plan
+            items = [replace(i, fixed=True) if i.id == unpaid[0].id else i for i in items]
+        return plan
+
+    def _pays(self, item: Item, plan: dict[int, tuple], items: list[Item]) -> bool:
+        """Does moving a running item to its planned count pay?"""
+        count = plan[item.id][1] if item.id in plan else 0
+        if count == 0:
+            return False
+        before = item.work / item.speed(item.count)
+        after = item.work / item.speed(count) + item.cost
+        if count > item.count or plan[item.id][0] != (item.home,):
+            return before - after > self.reshape_margin * item.cost
+        # Shrinking: the newcomers it makes room for gain the wait until GPUs free up.
+        newcomers = [i for i in items if not i.count and i.id in plan]
+        wait = min((i.work / i.speed(i.count) for i in items if i.count), default=0.0)
+        return wait * len(newcomers) > (1 + self.reshape_margin) * (after - before)
+
+    # -- jobs as items
+
+    def _item(self, job: Job, now: float, movable: bool = False) -> Item:
+        curve = job.curve
+        fixed_size = not job.malleable or curve is None or job.nodes > 1
+        high = job.demand
+        speeds = tuple(curve.throughput(g) for g in range(1, high + 1)) if curve else ()
+        if job.placement is not None:
+            count = len(job.gpus)
+            share = job.placement.share
+            left = max((job.expected_end or now) - now, 0.0)
+            work = left * (curve.throughput(count, share) if curve else 1.0)
+            return Item(job.id, speeds, work, 1 if not fixed_size else high, high,
+                        job.nodes, job.placement.node, count, not movable, self._cost(job))
+        work = job.steps_left if job.steps_left is not None else 0.0
+        low = high if fixed_size else 1
+        return Item(job.id, speeds, work, low, high, job.nodes, cost=self._cost(job))
+
+    def _movable(self, job: Job, now: float) -> bool:
+        """May this running job be reshaped: resizable, not near its end, and not just
+        started (a run younger than its own reshape cost has barely begun to train)?"""
+        cost = self._cost(job)
+        return (job.state is JobState.RUNNING and job.malleable and job.nodes == 1
+                and job.curve is not None and job.placement.share == 1
+                and job.expected_end is not None and job.expected_end - now > cost
+                and job.run_started is not None and now - job.run_started > cost)
+
+    @staticmethod
+    def _cost(job: Job) -> float:
+        curve = job.curve
+        return ((curve.startup_s or 0.0) + (curve.suspend_s or 0.0)) if curve else 0.0
