@@ -114,17 +114,21 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
 
 
 def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float, bool],
-                 queue: list[Item] = ()) -> tuple[float, float]:
+                 queue: list[Item] = (), first: tuple[float, bool] | None = None,
+                 ) -> tuple[float, float]:
     """(sum of completion times, the last one) from now, in a fluid model: the items run
-    at their curve's speed, are re-planned with `candidate` whenever one ends, and pay their
-    cost whenever their count changes; `queue` waits behind them in FIFO order."""
+    at their curve's speed, are planned with `first` (default: `candidate`) now and
+    re-planned with `candidate` whenever one ends, and pay their cost whenever their
+    count changes; `queue` waits behind them in FIFO order."""
     now, total, last = 0.0, 0.0, 0.0
     live = {i.id: i for i in [*items, *queue]}
     delay: dict[int, float] = {}  # start-up still to wait before progress
+    rule = first or candidate
     for _ in range(4 * len(live) + 4):
         if not live:
             break
-        plan = allocate(list(live.values()), _free_room(live, room), *candidate)
+        plan = allocate(list(live.values()), _free_room(live, room), *rule)
+        rule = candidate
         running = {i: plan[i][1] for i in plan}
         for i, g in running.items():
             item = live[i]
@@ -219,12 +223,16 @@ class AdaptivePolicy(Policy):
         n = len(running) + len(waiting)
         if not n or n > LOOKAHEAD_JOBS:
             return 1.0, False
-        outcomes = {c: play_forward(running, room, c, waiting) for c in CANDIDATES}
+        outcomes = {(c, f): play_forward(running, room, f, waiting, first=c)
+                    for c in CANDIDATES for f in CANDIDATES}
         total = min(t for t, _ in outcomes.values()) or 1.0
         last = min(end for _, end in outcomes.values()) or 1.0
-        return min(CANDIDATES, key=lambda c: (
-            max(outcomes[c][0] / total, (outcomes[c][1] / last) ** self.makespan_weight),
-            outcomes[c][0]))
+
+        def score(pair) -> tuple[float, float]:
+            t, end = outcomes[pair]
+            return (t / total) * (end / last) ** self.makespan_weight, t
+
+        return min(outcomes, key=score)[0]
 
     def _settle(self, running: list[Item], waiting: list[Item], room: dict[str, int],
                 candidate: tuple[float, bool]) -> dict[int, tuple]:
