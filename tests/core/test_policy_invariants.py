@@ -190,8 +190,11 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 assert new < mine or mine < new, f"elastic: {job.gpus} -> {target.gpus}"
                 assert len(target.gpus) <= job.demand
             case Suspend(resume_on=target) if policy == "adaptive":
-                assert target is None and job.malleable and job.state is JobState.RUNNING
+                assert job.malleable and job.state is JobState.RUNNING
                 assert job.curve is not None and job.expected_end is not None
+                assert target is None or 1 <= len(target.gpus) <= job.demand
+                assert target is None or (target.node, len(target.gpus)) != (
+                    job.placement.node, len(job.gpus)), "a reshape that keeps the count"
                 assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
             case Suspend(resume_on=target) if policy == "malleable":
                 assert target is None and job.malleable and job.state is JobState.RUNNING
@@ -202,9 +205,12 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 assert policy == "marble", f"the {policy} policy never suspends"
                 assert job.malleable, f"rigid job {job.id} suspended"
                 assert job.state is JobState.RUNNING and job.role is Role.SECONDARY
-                assert target is not None and target.node == job.placement.node
-                assert set(job.gpus) < set(target.gpus)
-                assert len(target.gpus) == job.demand
+                assert target is not None and len(job.gpus) < len(target.gpus) <= job.demand
+                if target.node == job.placement.node:
+                    assert set(job.gpus) < set(target.gpus)
+                if len(state.nodes) == 1:  # the paper's promotion: on its node, to optimal
+                    assert target.node == job.placement.node
+                    assert len(target.gpus) == job.demand
             case Cancel():
                 assert job.waiting
                 assert dependency_status(job, state) == "broken"

@@ -32,13 +32,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from marbled.core.model import Job, JobState, Start, State, Suspend
-from marbled.core.policy.base import Option, Policy, fifo_candidates, resizing, role_for
+from marbled.core.model import Job, JobState, Placement, Start, State, Suspend
+from marbled.core.policy.base import (
+    Option,
+    Policy,
+    fifo_candidates,
+    reshape_cost,
+    resizing,
+    role_for,
+    settled,
+)
 
 # The candidates the look-ahead weighs: (bias, whether the critical job -- the one with the
 # longest time left even on its fastest count -- gets that count first).
 CANDIDATES = ((-1.0, False), (0.0, False), (0.5, False), (1.0, False), (2.0, False), (1.0, True),
               (0.0, True))
+FUTURES = ((-1.0, False), (0.0, False), (1.0, False), (1.0, True))  # the rule for later events
 LOOKAHEAD_JOBS = 16  # jobs in the system up to which the candidates are played forward
 
 
@@ -73,11 +82,15 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
             out[item.id] = [(item.home,), item.count]
             continue
         fits = [n for n in room if room[n] >= item.low]
+        whole = [n for n in fits if room[n] >= item.high]
         if item.home in fits:
             nodes = [item.home]
+        elif item.nodes > 1:
+            nodes = fits[:item.nodes]
+        elif whole:  # the tightest node that still holds its fastest count
+            nodes = [min(whole, key=lambda n: room[n])]
         else:
-            nodes = sorted(fits, key=lambda n: -room[n])[:item.nodes] if item.nodes == 1 \
-                else fits[:item.nodes]
+            nodes = sorted(fits, key=lambda n: -room[n])[:1]
         if len(nodes) < item.nodes:
             break  # strict FIFO: the jobs behind it wait too
         for n in nodes:
@@ -193,14 +206,23 @@ class AdaptivePolicy(Policy):
             spare -= item.low * item.nodes
             waiting.append(item)
         candidate = self._candidate(running, waiting, room)
-        plan = self._settle(running, waiting, room, candidate)
-        by_id = {i.id: i for i in running}
-        moved = [j for j in engaged if j.id in by_id and not by_id[j.id].fixed
-                 and plan.get(j.id) != ((j.placement.node,), len(j.gpus))]
-        if moved:
-            return [Suspend(j.id, None, f"adaptive: {len(j.gpus)} -> "
-                                        f"{plan[j.id][1] if j.id in plan else 0} GPUs")
-                    for j in moved]
+        for _ in range(len(running) + 1):
+            plan = self._settle(running, waiting, room, candidate)
+            moved = [i for i in running if not i.fixed and plan.get(i.id) != ((i.home,),
+                                                                               i.count)]
+            if not moved:
+                break
+            # Suspended, they are planned as waiting jobs next: one that would get its count
+            # back is left running instead.
+            gone = {i.id for i in moved}
+            after = self._settle([i for i in running if i.id not in gone],
+                                 sorted([*waiting, *(replace(i, count=0, home=None)
+                                                     for i in moved)], key=lambda i: i.id),
+                                 room, candidate)
+            back = {i.id for i in moved if after.get(i.id, ((), 0))[1] == i.count}
+            if not back:
+                return self._reshape(state, moved, plan)
+            running = [replace(i, fixed=True) if i.id in back else i for i in running]
         free = {n: state.free(n) for n in state.nodes}
         actions: list = []
         for item in waiting:
@@ -215,6 +237,26 @@ class AdaptivePolicy(Policy):
             actions.append(Start(job.id, *parts[0], role_for(job, count), tuple(parts[1:])))
         return actions
 
+    @staticmethod
+    def _reshape(state: State, moved: list[Item], plan: dict[int, tuple]) -> list:
+        """Suspend the moved jobs, each with its new GPUs reserved where they are its own or
+        free (it then resumes on exactly the planned count); the others wait in the FIFO."""
+        free = {n: state.free(n) for n in state.nodes}
+        actions = []
+        for item in moved:
+            job = state.jobs[item.id]
+            node, count = (plan[item.id][0][0], plan[item.id][1]) if item.id in plan else \
+                (None, 0)
+            own = list(job.gpus) if node == job.placement.node else []
+            pool = own + free.get(node, [])
+            target = None
+            if count and len(pool) >= count:
+                gpus = tuple(sorted(pool[:count]))
+                free[node] = [g for g in free[node] if g not in gpus]
+                target = Placement(node, gpus)
+            actions.append(Suspend(job.id, target, f"adaptive: {item.count} -> {count} GPUs"))
+        return actions
+
     # -- the plan
 
     def _candidate(self, running: list[Item], waiting: list[Item],
@@ -224,7 +266,7 @@ class AdaptivePolicy(Policy):
         if not n or n > LOOKAHEAD_JOBS:
             return 1.0, False
         outcomes = {(c, f): play_forward(running, room, f, waiting, first=c)
-                    for c in CANDIDATES for f in CANDIDATES}
+                    for c in CANDIDATES for f in FUTURES}
         total = min(t for t, _ in outcomes.values()) or 1.0
         last = min(end for _, end in outcomes.values()) or 1.0
 
@@ -276,21 +318,15 @@ class AdaptivePolicy(Policy):
             left = max((job.expected_end or now) - now, 0.0)
             work = left * (curve.throughput(count, share) if curve else 1.0)
             return Item(job.id, speeds, work, 1 if not fixed_size else high, high,
-                        job.nodes, job.placement.node, count, not movable, self._cost(job))
+                        job.nodes, job.placement.node, count, not movable, reshape_cost(job))
         work = job.steps_left if job.steps_left is not None else 0.0
         low = high if fixed_size else 1
-        return Item(job.id, speeds, work, low, high, job.nodes, cost=self._cost(job))
-
-    def _movable(self, job: Job, now: float) -> bool:
-        """May this running job be reshaped: resizable, not near its end, and not just
-        started (a run younger than its own reshape cost has barely begun to train)?"""
-        cost = self._cost(job)
-        return (job.state is JobState.RUNNING and job.malleable and job.nodes == 1
-                and job.curve is not None and job.placement.share == 1
-                and job.expected_end is not None and job.expected_end - now > cost
-                and job.run_started is not None and now - job.run_started > cost)
+        return Item(job.id, speeds, work, low, high, job.nodes, cost=reshape_cost(job))
 
     @staticmethod
-    def _cost(job: Job) -> float:
-        curve = job.curve
-        return ((curve.startup_s or 0.0) + (curve.suspend_s or 0.0)) if curve else 0.0
+    def _movable(job: Job, now: float) -> bool:
+        """May this running job be reshaped: resizable, not near its end, settled?"""
+        return (job.state is JobState.RUNNING and job.malleable and job.nodes == 1
+                and job.curve is not None and job.placement.share == 1
+                and job.expected_end is not None
+                and job.expected_end - now > reshape_cost(job) and settled(job, now))

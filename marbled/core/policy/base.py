@@ -179,6 +179,43 @@ def resizing(jobs: list[Job]) -> bool:
     return any(j.state is JobState.SUSPENDING for j in jobs)
 
 
+def work_left(job: Job, now: float) -> float | None:
+    """Steps `job` still has to train: from the driver's estimate of its run's end while it
+    runs, else from its last count; None if unknown."""
+    if job.curve is None:
+        return None
+    if job.placement is not None:
+        if job.expected_end is None:
+            return None
+        return max(job.expected_end - now, 0.0) * job.curve.throughput(
+            len(job.gpus), job.placement.share)
+    return job.steps_left
+
+
+def reshape_cost(job: Job) -> float:
+    """Seconds a suspend and a resume take the job (its curve's, else nothing known)."""
+    curve = job.curve
+    return ((curve.startup_s or 0.0) + (curve.suspend_s or 0.0)) if curve else 0.0
+
+
+def reshape_pays(job: Job, count: int, now: float, margin: float = 0.0) -> bool | None:
+    """Would moving running `job` to `count` GPUs end it sooner, by more than `margin` times
+    the move's cost? None when its curve or its work left is unknown."""
+    work = work_left(job, now)
+    if work is None:
+        return None
+    cost = reshape_cost(job)
+    before = work / job.curve.throughput(len(job.gpus))
+    after = work / job.curve.throughput(count) + cost
+    return before - after > margin * cost
+
+
+def settled(job: Job, now: float) -> bool:
+    """Has the job's run lasted longer than a reshape costs it? A run that has barely begun
+    is not moved again (with no event in between, a policy would reshape forever)."""
+    return job.run_started is not None and now - job.run_started >= reshape_cost(job)
+
+
 def start_on(job: Job, parts: list[tuple[str, tuple[int, ...]]], role: Role) -> Start:
     (node, gpus), *others = parts
     return Start(job.id, node, gpus, role, tuple(others))

@@ -12,7 +12,9 @@ count from the checkpoint):
   few epochs), smallest remaining GPU-time first (ONES's SRUF objective:
   GPUs held times the time left, from the driver's `expected_end`): each such
   job doubles its count, up to its demand (the profile's fastest count), on
-  its own node, by suspend and resume on its GPUs plus free ones.
+  its own node, by suspend and resume on its GPUs plus free ones; when its node
+  is full, on another node that has the doubled count free (unless its curve
+  says the move costs more than it saves).
 
 What ONES has and this does not: batch-size scaling and its learning-rate
 rule, the evolutionary search over placements, a progress predictor, and
@@ -27,6 +29,7 @@ from marbled.core.policy.base import (
     Option,
     Policy,
     fifo_candidates,
+    reshape_pays,
     resizing,
     role_for,
     start_on,
@@ -78,11 +81,19 @@ class ElasticPolicy(Policy):
         actions = []
         for job in sorted(stable, key=lambda j: (len(j.gpus) * (j.expected_end - now), j.id)):
             node = job.placement.node
-            extra = min(2 * len(job.gpus), job.demand) - len(job.gpus)
+            count = min(2 * len(job.gpus), job.demand)
+            extra = count - len(job.gpus)
             if len(free.get(node, ())) >= extra:
                 taken, free[node] = free[node][:extra], free[node][extra:]
                 target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
                 actions.append(Suspend(job.id, target, "elastic: grow"))
+                continue
+            # Its node is full: grow onto another node that has the doubled count free.
+            other = next((n for n, gpus in free.items() if n != node and len(gpus) >= count),
+                         None)
+            if other is not None and reshape_pays(job, count, now) is not False:
+                gpus, free[other] = tuple(free[other][:count]), free[other][count:]
+                actions.append(Suspend(job.id, Placement(other, gpus), "elastic: grow"))
         return actions
 
     def next_decision(self, state: State, now: float) -> float | None:

@@ -136,12 +136,8 @@ def plan(candidates: Iterable[Job], free: dict[str, dict[int, int]],
     vacant = _Vacant({n: sorted((g for g, u in gpus.items() if u == UNITS),
                                 key=lambda g, n=n: ((n, g) in held, g))
                       for n, gpus in free.items()})
-    low, high = [p_min(j) for j in jobs], [j.demand for j in jobs]
-    whole = sum(vacant.room.values())
-    if sum(high) <= whole:
-        return _whole(jobs, high, vacant, homes)
-    if sum(low) < whole:
-        return _whole(jobs, dhondt(low, high, whole - sum(low)), vacant, homes)
+    if sum(p_min(j) for j in jobs) < sum(vacant.room.values()):
+        return _by_node(jobs, vacant, homes)
     return _congested(jobs, free, vacant, homes)
 
 
@@ -171,17 +167,27 @@ class _Vacant:
         self.gpus[node].remove(g)
         self.room[node] -= 1
 
-    def promise(self, job: Job, count: int, homes: dict[int, Placement]) -> bool:
-        """`count` GPUs (or as many as p_min allows) of one node for `job`, if any fits."""
+    def promise(self, job: Job, count: int, homes: dict[int, Placement],
+                kept: dict[str, int] | None = None) -> bool:
+        """`count` GPUs (or as many as p_min allows) of one node for `job`, if any fits: if
+        it can, outside the room `kept` for others."""
         home = homes.get(job.id)
-        spot = fit(self.room, count, p_min(job), home.node if home else None)
+        prefer = home.node if home else None
+        spot = None
+        if kept:
+            spot = fit({n: r - kept.get(n, 0) for n, r in self.room.items()}, count,
+                       p_min(job), prefer)
+        spot = spot or fit(self.room, count, p_min(job), prefer)
         if spot is None:
             return False
-        self.room[spot[0]] -= spot[1]
-        self.promised.append((job, *spot, home))
-        if self._stays(spot[0], spot[1], home):
-            self.claimed.update((home.node, g) for g in home.gpus)
+        self.promise_on(job, *spot, home)
         return True
+
+    def promise_on(self, job: Job, node: str, count: int, home: Placement | None) -> None:
+        self.room[node] -= count
+        self.promised.append((job, node, count, home))
+        if self._stays(node, count, home):
+            self.claimed.update((home.node, g) for g in home.gpus)
 
     def _stays(self, node: str, count: int, home: Placement | None) -> bool:
         return home is not None and (home.node, len(home.gpus), home.share) == (
@@ -203,11 +209,31 @@ class _Vacant:
         return grants
 
 
-def _whole(jobs: list[Job], counts: list[int], vacant: _Vacant,
-           homes: dict[int, Placement]) -> dict[int, Grant]:
-    for job, count in zip(jobs, counts, strict=True):
-        if not vacant.promise(job, count, homes):
+def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement]) -> dict[int, Grant]:
+    """Whole GPUs, node by node. Each job is given a node -- a running one its own, the
+    others in FIFO order the node with most GPUs left over the minimums given so far -- and
+    each node's vacant GPUs are shared among its jobs: p_max each if they fit, else p_min
+    and D'Hondt for the rest. A job is never moved to another node with the same count."""
+    left = dict(vacant.room)
+    on: dict[str, list[Job]] = {n: [] for n in left}
+    running = [j for j in jobs if j.id in homes and left[homes[j.id].node] >= p_min(j)]
+    for job in running:
+        left[homes[job.id].node] -= p_min(job)
+        on[homes[job.id].node].append(job)
+    for job in (j for j in jobs if j not in running):
+        node = max((n for n in left if left[n] >= p_min(job)), key=left.__getitem__,
+                   default=None)
+        if node is None:
             break  # strict FIFO: the jobs behind it get nothing this time
+        left[node] -= p_min(job)
+        on[node].append(job)
+    for node, mine in on.items():
+        mine.sort(key=lambda j: j.id)
+        low, high = [p_min(j) for j in mine], [j.demand for j in mine]
+        seats = vacant.room[node]
+        counts = high if sum(high) <= seats else dhondt(low, high, seats - sum(low))
+        for job, count in zip(mine, counts, strict=True):
+            vacant.promise_on(job, node, count, homes.get(job.id))
     return vacant.assign()
 
 
@@ -216,9 +242,18 @@ def _congested(jobs: list[Job], free: dict[str, dict[int, int]], vacant: _Vacant
     """Every job p_min; jobs that may share spread over the GPUs with room (case 4)."""
     spread: dict[tuple[str, int], list[Job]] = {}  # GPU -> jobs sharing it from now on
     partial = [(n, g) for n, gpus in free.items() for g, u in gpus.items() if u < UNITS]
+    # Room on their own node kept for the running jobs further down the queue, so that an
+    # earlier job goes elsewhere if it can rather than move them at the same count.
+    kept: dict[str, int] = {}
+    for job in jobs:
+        if job.id in homes and not shares(job):
+            kept[homes[job.id].node] = kept.get(homes[job.id].node, 0) + p_min(job)
     for job in jobs:
         if not shares(job):
-            if not vacant.promise(job, p_min(job), homes):
+            home = homes.get(job.id)
+            if home is not None:
+                kept[home.node] -= p_min(job)
+            if not vacant.promise(job, p_min(job), homes, kept):
                 break
             continue
         home = homes.get(job.id)

@@ -59,12 +59,42 @@ class MalleableEquipartition(Policy):
             for g in p.gpus:
                 gpus = free.setdefault(p.node, {})
                 gpus[g] = gpus.get(g, 0) + UNITS // p.share
-        grants = plan(heapq.merge(fifo_candidates(state, now), movable, key=lambda j: j.id),
-                      in_node_order(state, free), {j.id: j.placement for j in movable})
-        reshaped = [Suspend(j.id, None, "equipartition") for j in movable
-                    if j.id not in grants or not grants[j.id].same_as(j.placement)]
-        if reshaped:
-            return reshaped
-        # Nobody moves: the waiting jobs of the plan start on the free GPUs.
-        return [grants[i].start(state.jobs[i]) for i in sorted(grants)
-                if state.jobs[i].placement is None]
+        free = in_node_order(state, free)
+        waiting = list(fifo_candidates(state, now))
+        kept: set[int] = set()  # running jobs a reshape would give back their own count
+        for _ in range(len(movable) + 1):
+            running = [j for j in movable if j.id not in kept]
+            grants = self._plan(waiting, running, free, running)
+            reshaped = [j for j in running
+                        if j.id not in grants or not grants[j.id].same_as(j.placement)]
+            if not reshaped:
+                # Nobody moves: the waiting jobs of the plan start on the free GPUs.
+                return [grants[i].start(state.jobs[i]) for i in sorted(grants)
+                        if state.jobs[i].placement is None]
+            # Once they are suspended, the next decision plans them as waiting jobs: one it
+            # would give its count back to is left running instead.
+            after = self._plan(waiting, running, free, [j for j in running
+                                                         if j not in reshaped])
+            back = {j.id for j in reshaped if _count(after.get(j.id)) == _count(j.placement)}
+            if not back:
+                return [Suspend(j.id, None, "equipartition") for j in reshaped]
+            kept |= back
+            for job in movable:  # a kept job's GPUs are not the plan's to share
+                if job.id in back:
+                    for g in job.placement.gpus:
+                        free[job.placement.node][g] -= UNITS // job.placement.share
+        return []
+
+    @staticmethod
+    def _plan(waiting: list[Job], running: list[Job], free: dict[str, dict[int, int]],
+              staying: list[Job]) -> dict:
+        """The Equipartition plan for the waiting and running jobs in FIFO order; `staying`
+        are those that run now (the others count as waiting)."""
+        room = {n: {g: u for g, u in gpus.items() if u > 0} for n, gpus in free.items()}
+        return plan(heapq.merge(waiting, running, key=lambda j: j.id),
+                    {n: gpus for n, gpus in room.items() if gpus},
+                    {j.id: j.placement for j in staying})
+
+
+def _count(p) -> tuple[int, int] | None:
+    return (len(p.gpus), p.share) if p is not None else None

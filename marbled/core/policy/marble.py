@@ -25,12 +25,27 @@ How we read the paper where it leaves room:
 * A suspended job without a reservation (suspended at shutdown or after a
   broker restart) waits at its original FIFO position like a queued one; one
   suspended for a promotion is resumed on its reserved GPUs (`Policy.decide`).
+
+On several nodes (the paper's broker had one), GPUs the FIFO walk leaves idle
+also promote: a secondary that cannot reach its optimal count on its own node
+moves to another node where it gets more GPUs (its optimum, or as many as that
+node has free), or grows on its own node to a better count short of the
+optimum, whenever its curve says the time its remaining steps save exceeds its
+suspend and resume cost. These promotions only use GPUs no waiting job can
+take, and only with several nodes: on one node the schedule is the paper's.
 """
 
 from __future__ import annotations
 
-from marbled.core.model import Placement, Role, Start, State, Suspend
-from marbled.core.policy.base import Policy, fifo_candidates, start_on, take_nodes
+from marbled.core.model import Job, Placement, Role, Start, State, Suspend
+from marbled.core.policy.base import (
+    Policy,
+    fifo_candidates,
+    reshape_pays,
+    settled,
+    start_on,
+    take_nodes,
+)
 
 
 class MarblePolicy(Policy):
@@ -45,6 +60,7 @@ class MarblePolicy(Policy):
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
 
         # Algorithm 1, lines 5-9: promote running secondaries that can now reach optimal.
+        promoted: set[int] = set()
         for node in free:
             for job in state.running_secondaries(node):
                 extra = job.demand - len(job.gpus)
@@ -52,6 +68,7 @@ class MarblePolicy(Policy):
                     taken, free[node] = free[node][:extra], free[node][extra:]
                     target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
                     actions.append(Suspend(job.id, target, "promote"))
+                    promoted.add(job.id)
 
         # run_multiple_jobs(), lines 14-21.
         for job in fifo_candidates(state, now):
@@ -64,4 +81,38 @@ class MarblePolicy(Policy):
                 actions.append(Start(job.id, node, tuple(gpus), Role.SECONDARY))
             else:
                 break
+        if len(state.nodes) > 1:  # one node: exactly the paper's promotions
+            actions += self._promote_into_idle(state, free, promoted, now)
         return actions
+
+    @staticmethod
+    def _promote_into_idle(state: State, free: dict[str, list[int]], promoted: set[int],
+                           now: float) -> list:
+        """Secondaries to more GPUs that nothing else takes: on another node, or short of
+        their optimum on their own, where that pays."""
+        actions = []
+        secondaries = sorted((j for n in state.nodes for j in state.running_secondaries(n)
+                              if j.id not in promoted and j.placement.share == 1
+                              and settled(j, now)), key=lambda j: j.id)
+        for job in secondaries:
+            own = job.placement.node
+            options = [(min(job.demand, len(job.gpus) + len(free.get(own, ()))), 0, own)]
+            options += [(min(job.demand, len(gpus)), 1, n) for n, gpus in free.items()
+                        if n != own]
+            count, _, node = max(options, key=lambda o: (o[0], -o[1]))
+            if count <= len(job.gpus) or not _pays(job, count, now):
+                continue
+            if node == own:
+                extra = count - len(job.gpus)
+                taken, free[own] = free[own][:extra], free[own][extra:]
+                gpus = tuple(sorted(job.gpus + tuple(taken)))
+            else:
+                gpus, free[node] = tuple(free[node][:count]), free[node][count:]
+            actions.append(Suspend(job.id, Placement(node, gpus), "promote"))
+        return actions
+
+
+def _pays(job: Job, count: int, now: float) -> bool:
+    """A move to `count` GPUs pays if the curve says so; without one, only to the optimum."""
+    pays = reshape_pays(job, count, now)
+    return count == job.demand if pays is None else pays
