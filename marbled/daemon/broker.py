@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from marbled.batch.base import Launcher, LaunchRequest, RunHandle
+from marbled.batch.local import find_run_process, process_start_time
 from marbled.core.failures import TAIL_BYTES, memory_cause, tail
 from marbled.core.model import (
     Cancel,
@@ -34,8 +36,6 @@ from marbled.core.policy import Policy
 from marbled.core.profiles import ProfileBook
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.daemon.prestart import Standbys, worth_prestarting
-from marbled.launch.base import Launcher, LaunchRequest, RunHandle
-from marbled.launch.local import find_run_process, process_start_time
 from marbled.store.db import (
     GpuSampleRow,
     JobRow,

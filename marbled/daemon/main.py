@@ -16,11 +16,11 @@ from pathlib import Path
 from aiohttp import web
 
 from marbled.api.server import build_app
+from marbled.batch.base import Launcher
+from marbled.batch.local import LocalLauncher
 from marbled.core.policy import Policy
 from marbled.daemon.broker import Broker, BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
-from marbled.launch.base import Launcher
-from marbled.launch.local import LocalLauncher
 from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
 from marbled.store.db import SchemaError, Store
 
