@@ -1,9 +1,12 @@
-"""Where a broker keeps its files. Standard library only: every `marble` command reads it."""
+"""Where a broker keeps its files. Standard library only (as is the registry of batch systems
+it reads the allocation's id through): every `marble` command reads it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from marbled.batch import ALLOCATION_VARS
 
 SOCKET_NAME = "marbled.sock"
 DB_NAME = "marble.db"
@@ -12,7 +15,8 @@ ENDPOINT_NAME = "endpoint"  # with --listen: the URL of the TCP listener
 
 
 def allocation_id() -> str:
-    for var in ("SLURM_JOB_ID", "LSB_JOBID"):
+    """The batch system's job id (SLURM_JOB_ID, LSB_JOBID, ...), else "local"."""
+    for var in ALLOCATION_VARS.values():
         if os.environ.get(var):
             return os.environ[var]
     return "local"

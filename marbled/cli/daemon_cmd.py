@@ -5,31 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from marbled.allocation import AllocationError, slurm_allocation
+from marbled.batch import LAUNCHERS, choose
+from marbled.batch.base import AllocationError
 from marbled.cli.policy_options import make_policy, policy_settings, policy_summaries
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
-from marbled.daemon.broker import BrokerConfig
-from marbled.daemon.gpus import GpuDiscoveryError, discover_gpus
-from marbled.daemon.main import StartupError, local_node_name, serve
-from marbled.launch.jsrun import JsrunLauncher
-from marbled.launch.slurm import SlurmLauncher
-from marbled.lsf_allocation import lsf_allocation
+from marbled.daemon.config import BrokerConfig
+from marbled.daemon.main import StartupError, serve
 from marbled.paths import default_state_dir, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later -- here, in the next allocation
-# launcher -> (batch system, allocation discovery, launcher class)
-BATCH_LAUNCHERS = {"slurm": ("Slurm", slurm_allocation, SlurmLauncher),
-                   "jsrun": ("LSF", lsf_allocation, JsrunLauncher)}
 
 
 def _host_port(value: str | None) -> tuple[str, int] | None:
@@ -39,14 +31,6 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
     if not port.isdigit() or int(port) > 65535:
         raise click.BadParameter(f"'{value}' is not [HOST:]PORT, e.g. 0.0.0.0:7070 or 0")
     return host or "0.0.0.0", int(port)
-
-
-def _auto_launcher(emulated_gpus: int | None) -> str:
-    if emulated_gpus is None and os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
-        return "slurm"
-    if emulated_gpus is None and os.environ.get("LSB_JOBID") and shutil.which("jsrun"):
-        return "jsrun"
-    return "local"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,7 +62,7 @@ def _auto_launcher(emulated_gpus: int | None) -> str:
                    "framework import is done by then: 'ahead' keeps one waiting for each "
                    "running secondary (the jobs MARBLE promotes), 'suspend' starts it at "
                    "the suspension. Only for jobs that call JobProtocol.ready().")
-@click.option("--launcher", type=click.Choice(["auto", "local", "slurm", "jsrun"]),
+@click.option("--launcher", type=click.Choice(LAUNCHERS),
               default="auto", show_default=True,
               help="How runs start: 'slurm' as job steps (srun) on the allocation's nodes and "
                    "GPUs, 'jsrun' as LSF/JSM resource sets (contrib/lsf), 'local' as "
@@ -131,61 +115,36 @@ def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout,
     broker (the allocation ended or it was shut down), 1 on a start-up error.
     """
     state_dir = (state_dir or default_state_dir()).absolute()
-    if launcher == "auto":
-        launcher = _auto_launcher(emulated_gpus)
     try:
         profile_path = find_profile(profile)
         book = load_profile(str(profile_path))
-        if launcher in BATCH_LAUNCHERS:
-            if emulated_gpus is not None:
-                raise GpuDiscoveryError("--gpus (emulated GPUs) needs --launcher local")
-            system, discover, launcher_class = BATCH_LAUNCHERS[launcher]
-            allocation = discover()
-            nodes = {n: d for n, d in allocation.nodes.items() if d}
-            if not nodes:
-                raise GpuDiscoveryError(f"{system} job {allocation.job_id} has no GPUs; "
-                                        "ask for GPUs in the batch script")
-            source = f"{system} job {allocation.job_id}"
-        else:
-            devices, source = discover_gpus(emulated_gpus)
-            nodes = {local_node_name(): devices}
-    except (GpuDiscoveryError, ProfileError, AllocationError) as exc:
+        system = choose(launcher, emulated_gpus)
+        allocation = system.allocation()
+    except (ProfileError, AllocationError) as exc:
         raise click.ClickException(str(exc)) from None
     if detach:
         _detach(state_dir)
         return
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s marbled %(levelname)s %(message)s")
+    log = logging.getLogger("marbled")
     if os.geteuid() == 0:
-        logging.getLogger("marbled").warning("running as root: jobs will run as root too")
+        log.warning("running as root: jobs will run as root too")
+    for warning in system.warnings(allocation):
+        log.warning("%s", warning)
     config = BrokerConfig(
-        state_dir=state_dir, nodes=nodes, book=book,
+        state_dir=state_dir, nodes=allocation.gpu_nodes, book=book,
         profile_ref=str(profile_path.absolute()), time_scale=time_scale,
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
-        monitor_interval=monitor_interval, prestart=prestart, broker_node=local_node_name(),
-        retry_delay=retry_delay, sample_interval=sample_interval,
+        monitor_interval=monitor_interval, prestart=prestart if system.prestart else "off",
+        broker_node=system.broker_node(allocation, os.environ), end_time=allocation.end_time,
+        drain_before=drain_before, retry_delay=retry_delay, sample_interval=sample_interval,
     )
-    runner = None
-    if launcher in BATCH_LAUNCHERS:
-        # A step's GPUs are fixed when it starts, so a prestarted process could not take
-        # over the next run's GPUs: in a batch system every run starts when its GPUs are free.
-        # Slurm names the batch script's node in its environment (under salloc there is
-        # none: the broker is on no node of the job); an LSF batch script runs on the
-        # first host, the launch node on Summit.
-        here = (os.environ.get("SLURMD_NODENAME") if launcher == "slurm"
-                else allocation.batch_node)
-        config = replace(config, prestart="off", end_time=allocation.end_time,
-                         drain_before=drain_before, broker_node=here)
-        runner = launcher_class(allocation, tuple(step_args))
-        for node, devices in nodes.items():
-            if allocation.cpus.get(node, 0) < len(devices):
-                logging.getLogger("marbled").warning(
-                    "node %s: %d CPUs for %d GPUs; steps need one CPU per GPU to run side by "
-                    "side (ask for more with --cpus-per-task)", node,
-                    allocation.cpus.get(node, 0), len(devices))
+    runner = system.launcher(allocation, tuple(step_args))
     try:
         chosen = make_policy(policy, settings)
-        left = asyncio.run(serve(config, chosen, source, runner, listen))
+        left = asyncio.run(serve(config, chosen, system.gpu_source(allocation), runner,
+                               listen))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(EX_TEMPFAIL if left else 0)

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Coroutine
 
+from marbled.batch.base import Launcher
 from marbled.core.admission import admit
 from marbled.core.decision import settle
 from marbled.core.errors import Never, NotFound, NotNow, Unavailable
@@ -26,7 +27,6 @@ from marbled.daemon.gpu_samples import holders
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
-from marbled.launch.base import Launcher
 from marbled.store.db import Store
 
 log = logging.getLogger("marbled")

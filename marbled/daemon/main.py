@@ -16,13 +16,13 @@ from pathlib import Path
 from aiohttp import web
 
 from marbled.api.server import build_app
+from marbled.batch.base import Launcher
+from marbled.batch.local import LocalLauncher
 from marbled.core.policy import Policy
 from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
 from marbled.daemon.views import Views
-from marbled.launch.base import Launcher
-from marbled.launch.local import LocalLauncher
 from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
 from marbled.store.db import SchemaError, Store
 
@@ -146,7 +146,3 @@ async def _listen_tcp(runner: web.AppRunner, listen: tuple[str, int], state_dir:
         (state_dir / name).unlink(missing_ok=True)
         (state_dir / name).write_text(text + "\n")
     return endpoint
-
-
-def local_node_name() -> str:
-    return socket.gethostname().split(".")[0] or "localhost"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
-from marbled.launch.base import LaunchRequest, RunHandle
+from marbled.batch.base import LaunchRequest, RunHandle
 from marbled.worker.protocol import atomic_write_json
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from marbled.batch.local import find_run_process, process_start_time
 from marbled.core.model import Job, JobState, Placement, Role
 from marbled.daemon.runs import LiveRun
-from marbled.launch.local import find_run_process, process_start_time
 from marbled.store.db import job_spec, placement_parts
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
+from marbled.batch.base import LaunchRequest
 from marbled.core.spec import JobSpec
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.workfiles import JobFiles
-from marbled.launch.base import LaunchRequest
 
 
 def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec, node: str,

@@ -18,6 +18,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 
+from marbled.batch.base import Launcher, RunHandle
 from marbled.core.failures import memory_cause
 from marbled.core.model import Job, JobState, Start, State
 from marbled.core.outcome import RunEnd, run_outcome
@@ -28,7 +29,6 @@ from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
 from marbled.daemon.requests import launch_request
 from marbled.daemon.workfiles import JobFiles
-from marbled.launch.base import Launcher, RunHandle
 
 log = logging.getLogger("marbled")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from marbled.allocation import AllocationError, parse_scontrol_job
-from marbled.launch.slurm import exit_code, srun_argv
+from marbled.batch.base import AllocationError, exit_code
+from marbled.batch.slurm import parse_scontrol_job, srun_argv
 
 TWO_NODES = """\
 JobId=1 JobName=interactive
@@ -79,7 +79,7 @@ def test_srun_line_pins_node_gpus_and_cpus_and_runs_the_step_shim():
                          "--ntasks-per-node=1", "--cpus-per-task=6", "--nodelist=n2",
                          "--gpus=3", "--job-name=marble-4.9"]
     assert argv[10] == "--mem-per-gpu=8G"
-    assert argv[-5:] == ["-m", "marbled.launch.step", "/s/jobs/4/slurm-step.json",
+    assert argv[-5:] == ["-m", "marbled.batch.step", "/s/jobs/4/slurm-step.json",
                          "python", "train.py"]
 
 

@@ -1,4 +1,4 @@
-"""LSF support (marbled.launch.jsrun, marbled.lsf_allocation) against STAND-INS.
+"""LSF support (marbled.batch.jsrun, marbled.batch.lsf) against STAND-INS.
 
 LSF and jsrun cannot run here. The command lines and parsers are tested as pure
 functions; everything that runs goes through tests/lsf/standin/{jsrun,bjobs}: small
@@ -20,18 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from marbled.allocation import Allocation, AllocationError
-from marbled.cli.client import BrokerClient
-from marbled.launch.base import LaunchRequest
-from marbled.launch.jsrun import (
+from marbled.batch.base import Allocation, AllocationError, LaunchRequest, exit_code
+from marbled.batch.jsrun import (
     STEP_INFO,
     JsrunLauncher,
     cpu_threads,
     erf_text,
     jsrun_argv,
 )
-from marbled.launch.slurm import exit_code
-from marbled.lsf_allocation import (
+from marbled.batch.lsf import (
     BJOBS_FIELDS,
     bjobs_argv,
     has_launch_node,
@@ -43,6 +40,7 @@ from marbled.lsf_allocation import (
     parse_runtime_limit,
     parse_time_left,
 )
+from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
 from marbled.resources import PROJECT_ROOT
 from tests.scenarios import (
@@ -70,7 +68,7 @@ def test_jsrun_line_is_one_resource_set_of_one_task():
     argv = jsrun_argv(3, 21, Path("/r/jsrun-step.json"), ("python", "train.py", "--x"))
     assert argv == ["jsrun", "--nrs", "1", "--tasks_per_rs", "1", "--cpu_per_rs", "21",
                     "--gpu_per_rs", "3", "--rs_per_host", "1", "--bind", "rs",
-                    sys.executable, "-m", "marbled.launch.step", "/r/jsrun-step.json",
+                    sys.executable, "-m", "marbled.batch.step", "/r/jsrun-step.json",
                     "python", "train.py", "--x"]
 
 
@@ -84,7 +82,7 @@ def test_jsrun_line_with_resource_file_and_extra_options():
     argv = jsrun_argv(2, 14, Path("/r/i.json"), ("a.out",), ("--smpiargs=off",),
                       erf_file=Path("/r/jsrun.erf"))
     assert argv == ["jsrun", "--erf_input", "/r/jsrun.erf", "--smpiargs=off",
-                    sys.executable, "-m", "marbled.launch.step", "/r/i.json", "a.out"]
+                    sys.executable, "-m", "marbled.batch.step", "/r/i.json", "a.out"]
 
 
 def test_erf_gives_each_gpu_its_share_of_the_hosts_hardware_threads():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from marbled.allocation import slurm_allocation
+from marbled.batch.slurm import slurm_allocation
 from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
 from marbled.resources import PROJECT_ROOT

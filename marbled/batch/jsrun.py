@@ -1,7 +1,7 @@
-"""Run every job run as an LSF Job Step Manager resource set (jsrun), Summit style (CSM/JSM).
+"""LSF's runs: every job run a Job Step Manager resource set (jsrun), Summit style (CSM/JSM).
 
     jsrun --nrs 1 --tasks_per_rs 1 --cpu_per_rs C --gpu_per_rs K --rs_per_host 1 --bind rs \
-          python -m marbled.launch.step INFO_FILE <the job's command>
+          python -m marbled.batch.step INFO_FILE <the job's command>
 
 (a run on N hosts: --nrs N, still one set with one task on each host.)
 
@@ -39,11 +39,11 @@
   https://www.ibm.com/support/knowledgecenter/en/SSWRJV_10.1.0/jsm/jskill.html
 - A run on several hosts is one resource set (one task) on each: `--nrs N
   --rs_per_host 1`, or one ERF line per host. Each task's step shim writes its
-  info file by rank (marbled.launch.step.rank_file); jsrun numbers the tasks in
+  info file by rank (marbled.batch.step.rank_file); jsrun numbers the tasks in
   JSM_NAMESPACE_RANK (see Lightning's LSFEnvironment), which the shim must read
   for the ranks' files to differ.
 - The jsrun process is the broker's child; its exit status is the job's, 128+N
-  for a task ended by signal N as for srun (marbled.launch.slurm.exit_code).
+  for a task ended by signal N as for srun (marbled.batch.base.exit_code).
 - The environment of jsrun reaches the task (OLCF: `export OMP_NUM_THREADS=16`
   in the job script instead of `jsrun -E`), so the MARBLE_* variables need no -E.
 """
@@ -56,11 +56,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from marbled.allocation import Allocation
-from marbled.launch.base import LaunchRequest
-from marbled.launch.local import process_start_time, start_process
-from marbled.launch.slurm import SlurmLauncher, SlurmStep
-from marbled.launch.step import rank_file
+from marbled.batch.base import (
+    Allocation,
+    LaunchRequest,
+    StepLauncher,
+    StepRun,
+    process_start_time,
+)
+from marbled.batch.local import start_process
 
 log = logging.getLogger("marbled")
 
@@ -81,7 +84,7 @@ def jsrun_argv(gpus: int, cpus: int, info_file: Path, command: tuple[str, ...],
         shape = ["--nrs", str(hosts), "--tasks_per_rs", "1", "--cpu_per_rs", str(cpus),
                  "--gpu_per_rs", str(gpus), "--rs_per_host", "1", "--bind", "rs"]
     return ["jsrun", *shape, *extra,
-            sys.executable, "-m", "marbled.launch.step", str(info_file), *command]
+            sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
 
 
 def cpu_threads(positions: list[int], cores_per_gpu: int, smt: int) -> list[tuple[int, int]]:
@@ -108,9 +111,8 @@ def erf_text(sets: list[tuple[str, tuple[str, ...], list[tuple[int, int]]]]) -> 
 
 
 @dataclass
-class JsrunStep(SlurmStep):
-    """One run: watched through its jsrun process (as a Slurm step through srun), signalled
-    through it too."""
+class JsrunStep(StepRun):
+    """One run: watched through its jsrun process, signalled through it too."""
 
     def signal(self, sig: int) -> bool:
         """Send `sig` to jsrun, which passes it to the task; False if the run has ended."""
@@ -124,7 +126,7 @@ class JsrunStep(SlurmStep):
         return True
 
 
-class JsrunLauncher:
+class JsrunLauncher(StepLauncher):
     """Runs as jsrun resource sets inside the LSF allocation `allocation`.
 
     placement: "rs" (resource-set options, JSM picks host and GPUs), "erf" (an
@@ -135,7 +137,8 @@ class JsrunLauncher:
     """
 
     name = "jsrun"
-    cpus_for = SlurmLauncher.cpus_for  # the node's cores shared in proportion to GPUs
+    info_name = STEP_INFO
+    step_class = JsrunStep
 
     def __init__(self, allocation: Allocation, extra_args: tuple[str, ...] = (),
                  placement: str = "auto", smt: int = SUMMIT_SMT):
@@ -144,8 +147,7 @@ class JsrunLauncher:
                              f"not {placement!r}")
         if smt < 1:
             raise ValueError(f"smt must be at least 1, not {smt}")
-        self.allocation = allocation
-        self.extra_args = tuple(extra_args)
+        super().__init__(allocation, extra_args)
         self.smt = smt
         if placement == "auto":
             placement = "erf" if len(allocation.nodes) > 1 else "rs"
@@ -167,11 +169,9 @@ class JsrunLauncher:
 
     async def launch(self, request: LaunchRequest) -> JsrunStep:
         run_id = request.env["MARBLE_RUN_ID"]
-        info_file = request.cwd / STEP_INFO
         parts = ((request.node, request.devices), *request.others)
         nodes = tuple(n for n, _ in parts)
-        for rank in range(len(nodes)):
-            rank_file(info_file, rank).unlink(missing_ok=True)
+        info_file = self.fresh_info_file(request, len(nodes))
         gpus = len(request.devices)
         erf_file = None
         if self.placement == "erf":
@@ -185,7 +185,3 @@ class JsrunLauncher:
         return JsrunStep(pid=proc.pid, pid_start=process_start_time(proc.pid),
                          info_file=info_file, run_id=run_id, job_id=self.allocation.job_id,
                          nodes=nodes, process=proc)
-
-    def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> JsrunStep:
-        return JsrunStep(pid=pid, pid_start=pid_start, info_file=run_dir / STEP_INFO,
-                         run_id=str(run_id), job_id=self.allocation.job_id)

@@ -1,4 +1,6 @@
-"""What an IBM Spectrum LSF job was given: its compute hosts, their GPUs and CPUs, its end time.
+"""IBM Spectrum LSF: what a job was given (compute hosts, their GPUs and CPUs, its end time).
+
+Its runs are jsrun resource sets (marbled.batch.jsrun).
 
 The hosts come from the environment LSF sets in every job (no command needed):
 
@@ -41,8 +43,11 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from marbled.allocation import Allocation, AllocationError
+from marbled.batch import ALLOCATION_VARS
+from marbled.batch.base import Allocation, AllocationError, BatchSystem
+from marbled.batch.jsrun import JsrunLauncher
 
+JOB_ID_VAR = ALLOCATION_VARS["jsrun"]
 SUMMIT_GPUS_PER_NODE = 6
 BJOBS_FIELDS = "jobid stat start_time runtimelimit time_left"
 
@@ -97,9 +102,9 @@ def parse_lsf_env(env: Mapping[str, str], gpus_per_node: int | None = None,
     see has_launch_node). `hostfile`: the text of LSB_DJOB_HOSTFILE, for when
     LSB_MCPU_HOSTS is not set.
     """
-    job_id = env.get("LSB_JOBID")
+    job_id = env.get(JOB_ID_VAR)
     if not job_id:
-        raise AllocationError("not inside an LSF job (no LSB_JOBID); run marbled from a bsub "
+        raise AllocationError(f"not inside an LSF job (no {JOB_ID_VAR}); run marbled from a bsub "
                               "script or an interactive bsub -Is shell, or pass --launcher local")
     if env.get("LSB_MCPU_HOSTS", "").strip():
         hosts = parse_mcpu_hosts(env["LSB_MCPU_HOSTS"])
@@ -240,7 +245,7 @@ def lsf_allocation(job_id: str | None = None, gpus_per_node: int | None = None,
     """The allocation of the LSF job this runs in (or `job_id`), its end time from bjobs."""
     env = dict(os.environ if env is None else env)
     if job_id:
-        env["LSB_JOBID"] = job_id
+        env[JOB_ID_VAR] = job_id
     hostfile = None
     if not env.get("LSB_MCPU_HOSTS") and env.get("LSB_DJOB_HOSTFILE"):
         try:
@@ -252,3 +257,21 @@ def lsf_allocation(job_id: str | None = None, gpus_per_node: int | None = None,
     end = parse_bjobs_json(run(bjobs_argv(allocation.job_id)), allocation.job_id)
     return Allocation(allocation.job_id, allocation.nodes, allocation.cpus, end,
                       allocation.batch_node, source="lsf")
+
+
+# ------------------------------------------------------------------ the system
+
+class LsfSystem(BatchSystem):
+    """LSF with jsrun. The broker runs with the batch script on the job's first host (the
+    launch node on Summit): Allocation.batch_node, BatchSystem.broker_node's answer."""
+
+    name = "LSF"
+    launcher_name = "jsrun"
+    allocation_var = JOB_ID_VAR
+    command = "jsrun"
+
+    def read_allocation(self) -> Allocation:
+        return lsf_allocation()
+
+    def launcher(self, allocation: Allocation, step_args: tuple[str, ...] = ()) -> JsrunLauncher:
+        return JsrunLauncher(allocation, step_args)

@@ -1,4 +1,4 @@
-"""`python -m marbled.launch.step INFO_FILE ARGV...`: the first program of every job step.
+"""`python -m marbled.batch.step INFO_FILE ARGV...`: the first program of every job step.
 
 It writes what only the inside of a step can see -- its step id, node and the
 GPUs the batch system gave it (Slurm: SLURM_STEP_GPUS, which `scontrol show
@@ -11,6 +11,11 @@ SIGTSTP is ignored across the exec, until the job installs its own handler: a
 suspension that arrives before the job can checkpoint should not stop the
 process (which then only the kill timeout would end), but be acknowledged by
 nobody and escalate as for a local job.
+
+It runs before every job, so it imports no batch-system module (they import
+asyncio): the variables Slurm names a step by are here, and marbled.batch.slurm
+uses SLURM_NODE_VAR too. Inside a jsrun resource set JSM sets only
+CUDA_VISIBLE_DEVICES, and the node is the host.
 """
 
 from __future__ import annotations
@@ -21,17 +26,22 @@ import socket
 import sys
 from pathlib import Path
 
+from marbled.batch import ALLOCATION_VARS
 from marbled.worker.protocol import RANK_VARS, atomic_write_json
+
+SLURM_STEP_VAR = "SLURM_STEP_ID"
+SLURM_NODE_VAR = "SLURMD_NODENAME"  # the node of a step, or of the batch script
+SLURM_GPUS_VAR = "SLURM_STEP_GPUS"  # not listed by `scontrol show step`
 
 
 def step_info(env: dict[str, str]) -> dict:
     return {
         "run_id": env.get("MARBLE_RUN_ID"),
-        "job_id": env.get("SLURM_JOB_ID"),
-        "step_id": env.get("SLURM_STEP_ID"),
-        "node": env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+        "job_id": env.get(ALLOCATION_VARS["slurm"]),
+        "step_id": env.get(SLURM_STEP_VAR),
+        "node": env.get(SLURM_NODE_VAR) or socket.gethostname().split(".")[0],
         "host": socket.gethostname(),
-        "gpus": env.get("SLURM_STEP_GPUS", env.get("CUDA_VISIBLE_DEVICES", "")),
+        "gpus": env.get(SLURM_GPUS_VAR, env.get("CUDA_VISIBLE_DEVICES", "")),
         "pid": os.getpid(),
     }
 
@@ -44,7 +54,7 @@ def rank_file(info_file: str | Path, rank: int) -> Path:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        sys.exit("usage: python -m marbled.launch.step INFO_FILE ARGV...")
+        sys.exit("usage: python -m marbled.batch.step INFO_FILE ARGV...")
     info_file, command = argv[0], argv[1:]
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
     rank = next((int(os.environ[v]) for v in RANK_VARS if os.environ.get(v, "").isdigit()), 0)

@@ -1,4 +1,9 @@
-"""Run jobs as local processes, each in its own session and process group.
+"""No batch system: runs as processes on this host, each in its own session and group.
+
+The GPUs are this host's: `--gpus N` emulated ones, else CUDA_VISIBLE_DEVICES,
+else NVML's (marbled.batch.gpus). The process helpers here (start a run, find
+or signal it) serve the batch launchers too, whose step commands are local
+processes.
 
 The own session keeps a Ctrl-Z in the broker's terminal away from the jobs and
 makes the group an orphaned one, where a default-action SIGTSTP is discarded:
@@ -11,20 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from marbled.launch.base import LaunchRequest
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+from marbled.batch.base import (
+    Allocation,
+    AllocationError,
+    BatchSystem,
+    LaunchRequest,
+    process_start_time,
+)
+from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -126,3 +130,44 @@ async def start_process(argv, request: LaunchRequest,
         return await asyncio.create_subprocess_exec(
             *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=err, start_new_session=True)
+
+
+def host_name() -> str:
+    """This host's short name: the one node of a local broker."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+class LocalSystem(BatchSystem):
+    """This host alone, on its own GPUs or `emulated_gpus` emulated ones; no end time."""
+
+    name = "local"
+    launcher_name = "local"
+    allocation_var = None
+    command = None
+    prestart = True  # a local process can take over any GPU of this host
+
+    def __init__(self, emulated_gpus: int | None = None):
+        self.emulated_gpus = emulated_gpus
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return True  # every host runs processes: the fallback
+
+    def read_allocation(self) -> Allocation:
+        try:
+            devices, source = discover_gpus(self.emulated_gpus)
+        except GpuDiscoveryError as exc:
+            raise AllocationError(str(exc)) from None
+        host = host_name()
+        # no job id: "local", as marbled.paths names the state directory outside an allocation
+        return Allocation("local", {host: devices}, {host: os.cpu_count() or 1}, None, host,
+                          source=source)
+
+    def launcher(self, allocation: Allocation, step_args: tuple[str, ...] = ()) -> LocalLauncher:
+        return LocalLauncher()  # no step command for `step_args` to go to
+
+    def gpu_source(self, allocation: Allocation) -> str:
+        return allocation.source  # "emulated (6)", "CUDA_VISIBLE_DEVICES" or "NVML"
+
+    def warnings(self, allocation: Allocation) -> list[str]:
+        return []  # local runs are not confined to a share of the CPUs

@@ -1,0 +1,229 @@
+"""Slurm: the allocation read through its command-line tools, every run a job step.
+
+The allocation comes from `scontrol show job -d` (and `scontrol show hostnames`
+for compressed node lists), which every Slurm has. pyslurm would be an
+alternative backend, but no pyslurm release on PyPI pairs with Slurm 22.05, so
+the command line is the only backend today.
+
+Every run is a job step on the node and GPU count the policy chose:
+
+    srun --jobid J --exact -N1 -n1 -c C -w NODE --gpus K --job-name marble-JOB.RUN \
+         python -m marbled.batch.step INFO_FILE <the job's command>
+
+(a job on K nodes: -N K -n K --ntasks-per-node=1 -w N1,...,NK --gpus-per-node=G,
+one task per node, as one step.)
+
+- `--exact` and `-c C` keep a step to its own CPUs (without them one step takes
+  every CPU of the allocation and steps run one after another); `--gpus K` is
+  given always, because a step with no GPU option takes all the job's GPUs.
+- Slurm picks the GPU indices; the step writes them (SLURM_STEP_GPUS) to its
+  info file, as nothing outside the step can see them.
+- Signals go through `scancel --signal=SIG J.STEP`: srun does not forward
+  SIGTSTP (it stops itself), and the step may run on another node.
+- The srun process is the broker's child; its exit status is the job's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marbled.batch import ALLOCATION_VARS
+from marbled.batch.base import (
+    Allocation,
+    AllocationError,
+    BatchSystem,
+    LaunchRequest,
+    StepLauncher,
+    StepRun,
+    process_start_time,
+)
+from marbled.batch.local import start_process
+from marbled.batch.step import SLURM_NODE_VAR
+
+JOB_ID_VAR = ALLOCATION_VARS["slurm"]
+STEP_INFO = "slurm-step.json"
+# options a user's allocation may have put in the environment that would change a step's
+# GPU or task shape; the launcher's explicit options say it all
+_SHAPE_VARS = ("SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK",
+               "SLURM_GPUS_PER_SOCKET", "SLURM_TRES_PER_TASK", "SLURM_CPUS_PER_GPU",
+               "SLURM_CPUS_PER_TASK", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE")
+
+
+# ------------------------------------------------------------------ the allocation
+
+_DETAIL = re.compile(r"^\s*Nodes=(\S+)\s+CPU_IDs=(\S+).*?(?:GRES=(\S+))?\s*$")
+_GPU_GRES = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
+
+
+def parse_scontrol_job(text: str, expand=None) -> Allocation:
+    """An allocation from `scontrol show job -d JOBID` output (Slurm 22.05 and later).
+
+    `expand` turns a compressed node list such as `n[1-2]` into names (by default
+    through `scontrol show hostnames`).
+    """
+    expand = expand or expand_hostlist
+    fields: dict[str, str] = {}
+    nodes: dict[str, tuple[str, ...]] = {}
+    cpus: dict[str, int] = {}
+    for line in text.splitlines():
+        detail = _DETAIL.match(line)
+        if detail:
+            names, cpu_ids, gres = detail.groups()
+            gpus = _gpu_indices(gres or "")
+            for name in expand(names):
+                nodes[name] = gpus
+                cpus[name] = len(_expand_ranges(cpu_ids))
+            continue
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep and key not in fields:
+                fields[key] = value
+    if "JobId" not in fields:
+        raise AllocationError("not the output of 'scontrol show job -d' (no JobId=)")
+    if fields.get("JobState") not in (None, "RUNNING"):
+        raise AllocationError(f"job {fields['JobId']} is {fields['JobState']}, not RUNNING")
+    if not nodes:
+        raise AllocationError(f"job {fields['JobId']} lists no nodes (is it running?)")
+    end = None
+    if fields.get("TimeLimit") not in (None, "UNLIMITED", "INFINITE") and fields.get(
+            "EndTime", "Unknown") != "Unknown":
+        end = time.mktime(time.strptime(fields["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+    batch = fields.get("BatchHost")
+    return Allocation(fields["JobId"], nodes, cpus, end,
+                      batch if batch and batch != "(null)" else None, source="slurm")
+
+
+def _gpu_indices(gres: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for _count, idx in _GPU_GRES.findall(gres):
+        out += [str(i) for i in _expand_ranges(idx)]
+    return tuple(out)
+
+
+def _expand_ranges(spec: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]."""
+    out: list[int] = []
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise AllocationError(f"{argv[0]} not found: is Slurm installed here?") from None
+    except subprocess.TimeoutExpired:
+        raise AllocationError(f"'{' '.join(argv)}' did not answer in 30 s") from None
+    if done.returncode != 0:
+        raise AllocationError(f"'{' '.join(argv)}' failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    return _run(["scontrol", "show", "hostnames", hostlist]).split()
+
+
+def slurm_allocation(job_id: str | None = None) -> Allocation:
+    """The allocation of `job_id` (default: $SLURM_JOB_ID), read from Slurm."""
+    job_id = job_id or os.environ.get(JOB_ID_VAR)
+    if not job_id:
+        raise AllocationError(f"not inside a Slurm allocation (no {JOB_ID_VAR}); "
+                              "run marbled from a batch script, salloc, or pass --launcher local")
+    return parse_scontrol_job(_run(["scontrol", "show", "job", "-d", job_id]))
+
+
+# ------------------------------------------------------------------ runs as job steps
+
+def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: str,
+              info_file: Path, command: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
+    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs."""
+    gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
+    return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *extra,
+            sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
+
+
+@dataclass
+class SlurmStep(StepRun):
+    """One run: watched through its srun process, signalled through scancel."""
+
+    _last: asyncio.Task | None = field(default=None, repr=False)
+
+    def signal(self, sig: int) -> bool:
+        """Deliver `sig` to the step (in order with earlier signals); False if it has ended."""
+        if not self.alive():
+            return False
+        if sig:
+            self._last = asyncio.get_running_loop().create_task(self._deliver(sig, self._last))
+        return True
+
+    async def _deliver(self, sig: int, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
+        info = await self.placement(timeout=10.0)
+        if info and info.get("step_id"):
+            name = signal.Signals(sig).name.removeprefix("SIG")
+            proc = await asyncio.create_subprocess_exec(
+                "scancel", "--quiet", f"--signal={name}", f"{self.job_id}.{info['step_id']}",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL)
+            await proc.wait()
+        elif sig in (signal.SIGTERM, signal.SIGKILL) and self.alive():
+            # No step yet (srun still waits to create it): ending srun abandons the step.
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class SlurmLauncher(StepLauncher):
+    name = "slurm"
+    info_name = STEP_INFO
+    step_class = SlurmStep
+
+    async def launch(self, request: LaunchRequest) -> SlurmStep:
+        run_id = request.env["MARBLE_RUN_ID"]
+        nodes = (request.node, *(n for n, _ in request.others))
+        info_file = self.fresh_info_file(request, len(nodes))
+        gpus = len(request.devices)
+        argv = srun_argv(self.allocation.job_id, nodes, gpus,
+                         min(self.cpus_for(n, gpus) for n in nodes),
+                         f"marble-{request.env.get('MARBLE_JOB_ID', '')}.{run_id}", info_file,
+                         request.argv, self.extra_args)
+        env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
+        env.update(request.env)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it inside the step
+        proc = await start_process(argv, request, env)
+        return SlurmStep(proc.pid, process_start_time(proc.pid), info_file, run_id,
+                         self.allocation.job_id, nodes, proc)
+
+
+# ------------------------------------------------------------------ the system
+
+class SlurmSystem(BatchSystem):
+    name = "Slurm"
+    launcher_name = "slurm"
+    allocation_var = JOB_ID_VAR
+    command = "srun"
+
+    def read_allocation(self) -> Allocation:
+        return slurm_allocation()
+
+    def launcher(self, allocation: Allocation, step_args: tuple[str, ...] = ()) -> SlurmLauncher:
+        return SlurmLauncher(allocation, step_args)
+
+    def broker_node(self, allocation: Allocation, env: Mapping[str, str]) -> str | None:
+        """The batch script's node, as Slurm names it in the environment (under salloc the
+        broker is on no node of the job, and there is none)."""
+        return env.get(SLURM_NODE_VAR)

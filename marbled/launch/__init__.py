@@ -1,1 +1,0 @@
-"""Launchers start a job run on a node's GPUs, signal it, and report its exit."""
