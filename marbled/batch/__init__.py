@@ -57,14 +57,17 @@ def detect(env: Mapping[str, str] | None = None) -> type[BatchSystem]:
 
 
 def choose(launcher_name: str, emulated_gpus: int | None = None,
-           env: Mapping[str, str] | None = None) -> BatchSystem:
-    """The system of `marbled --launcher NAME [--gpus N]`; AllocationError for a batch
-    system with emulated GPUs."""
+           env: Mapping[str, str] | None = None, emulated_nodes: int = 1) -> BatchSystem:
+    """The system of `marbled --launcher NAME [--gpus N [--nodes K]]`; AllocationError for a
+    batch system with emulated GPUs, or emulated nodes without emulated GPUs."""
+    if emulated_nodes > 1 and emulated_gpus is None:
+        from marbled.batch.base import AllocationError
+        raise AllocationError("--nodes (emulated nodes) needs --gpus (emulated GPUs)")
     if launcher_name == "auto":
         launcher_name = (FALLBACK if emulated_gpus is not None
                          else detect(env).launcher_name)
     if launcher_name == FALLBACK:
-        return system_class(FALLBACK)(emulated_gpus)
+        return system_class(FALLBACK)(emulated_gpus, emulated_nodes)
     if emulated_gpus is not None:
         from marbled.batch.base import AllocationError
         raise AllocationError("--gpus (emulated GPUs) needs --launcher local")

@@ -138,7 +138,11 @@ def host_name() -> str:
 
 
 class LocalSystem(BatchSystem):
-    """This host alone, on its own GPUs or `emulated_gpus` emulated ones; no end time."""
+    """This host alone, on its own GPUs or `emulated_gpus` emulated ones; no end time.
+
+    With `emulated_nodes` > 1 the emulated GPUs are that many nodes' worth (node0,
+    node1, ...), every run still a process here: the broker is on node0, so runs on the
+    other nodes acknowledge through their marker file only, as on a real cluster."""
 
     name = "local"
     launcher_name = "local"
@@ -146,8 +150,9 @@ class LocalSystem(BatchSystem):
     command = None
     prestart = True  # a local process can take over any GPU of this host
 
-    def __init__(self, emulated_gpus: int | None = None):
+    def __init__(self, emulated_gpus: int | None = None, emulated_nodes: int = 1):
         self.emulated_gpus = emulated_gpus
+        self.emulated_nodes = emulated_nodes
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -158,10 +163,14 @@ class LocalSystem(BatchSystem):
             devices, source = discover_gpus(self.emulated_gpus)
         except GpuDiscoveryError as exc:
             raise AllocationError(str(exc)) from None
-        host = host_name()
+        cpus = os.cpu_count() or 1
         # no job id: "local", as marbled.paths names the state directory outside an allocation
-        return Allocation("local", {host: devices}, {host: os.cpu_count() or 1}, None, host,
-                          source=source)
+        if self.emulated_nodes > 1:
+            names = [f"node{i}" for i in range(self.emulated_nodes)]
+            return Allocation("local", dict.fromkeys(names, devices), dict.fromkeys(names, cpus),
+                              None, names[0], source=f"{source} x {self.emulated_nodes} nodes")
+        host = host_name()
+        return Allocation("local", {host: devices}, {host: cpus}, None, host, source=source)
 
     def launcher(self, allocation: Allocation, step_args: tuple[str, ...] = ()) -> LocalLauncher:
         return LocalLauncher()  # no step command for `step_args` to go to

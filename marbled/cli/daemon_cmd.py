@@ -40,6 +40,10 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
 @click.option("--gpus", "emulated_gpus", type=click.IntRange(1, 1024), default=None,
               help="Run on N EMULATED GPUs (ids 0..N-1), for machines without GPUs. "
                    "Without it: CUDA_VISIBLE_DEVICES, else every GPU NVML reports.")
+@click.option("--nodes", "emulated_nodes", type=click.IntRange(1, 64), default=1,
+              show_default=True,
+              help="With --gpus: emulate this many nodes of --gpus GPUs each (node0, node1, "
+                   "...; every run is a process on this host), to try multi-node policies.")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="marble",
               show_default=True, help=policy_summaries() + ".")
 @policy_settings
@@ -90,9 +94,9 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
-def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout, kill_timeout,
-         monitor_interval, prestart, launcher, drain_before, step_args, sample_interval,
-         retry_delay, listen, detach, log_level, **settings):
+def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, time_scale, suspend_timeout,
+         kill_timeout, monitor_interval, prestart, launcher, drain_before, step_args,
+         sample_interval, retry_delay, listen, detach, log_level, **settings):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -118,7 +122,7 @@ def main(state_dir, emulated_gpus, policy, profile, time_scale, suspend_timeout,
     try:
         profile_path = find_profile(profile)
         book = load_profile(str(profile_path))
-        system = choose(launcher, emulated_gpus)
+        system = choose(launcher, emulated_gpus, emulated_nodes=emulated_nodes)
         allocation = system.allocation()
     except (ProfileError, AllocationError) as exc:
         raise click.ClickException(str(exc)) from None
