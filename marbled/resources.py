@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,11 +38,26 @@ def find_profile(name_or_path: str) -> Path:
     )
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as people write numbers: PyYAML follows YAML 1.1, where 1e3, 1.0e3 and 5e-05 (as
+    Python prints 0.00005) are strings; here they are floats, as in YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> object:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
 @lru_cache(maxsize=16)
 def _load_profile_file(path: Path, mtime: float) -> ProfileBook:
     try:
         text = path.read_text()
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from None
     try:
@@ -55,9 +71,14 @@ def _load_profile_file(path: Path, mtime: float) -> ProfileBook:
 
 
 def _line_of(node: yaml.Node | None, where: str | None) -> int | None:
-    """The line (from 1) of the deepest mapping key on the dotted path `where`."""
+    """The line (from 1) of the deepest mapping key or list entry on the dotted path
+    `where` (a list entry by its index)."""
     line = None
     for key in (where or "").split("."):
+        if isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            node = node.value[int(key)]
+            line = node.start_mark.line + 1
+            continue
         if not isinstance(node, yaml.MappingNode):
             break
         match = next(((k, v) for k, v in node.value if k.value == key), None)
@@ -93,7 +114,7 @@ def load_job_file(path: Path) -> list[JobSpec]:
     try:
         text = Path(path).read_text()
         root = yaml.compose(text)
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except OSError as exc:
         raise JobFileError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -118,9 +118,12 @@ class Knowledge:
         points = self.measured()
         if not points:
             return self.profile
+        rules_out = (lambda g: not self.profile.possible(g)) if self.profile else \
+            (lambda g: False)
         if self.shape_holds():
             ratio = median(v / self.profile.throughput(g) for g, v in points.items())
-            guess = {g: self.profile.throughput(g) * ratio for g in range(1, max_gpus + 1)}
+            guess = {g: self.profile.throughput(g) * ratio for g in range(1, max_gpus + 1)
+                     if not rules_out(g)}
         else:
             coef = fit_scaling(points)
             guess = {}
@@ -128,7 +131,8 @@ class Knowledge:
                 fitted = scaled(coef, g) if coef else None
                 nearest = min(points, key=lambda m, g=g: (abs(m - g), m))
                 guess[g] = fitted if fitted is not None else points[nearest]
-        values = tuple(points.get(g, guess[g]) for g in range(1, max_gpus + 1))
+        values = tuple(None if rules_out(g) else points.get(g, guess[g])
+                       for g in range(1, max_gpus + 1))
         shared = self.profile.shared if self.profile else ()
         return ThroughputCurve(self.profile.model if self.profile else self.model, values,
                                shared, **self._costs())
@@ -157,10 +161,14 @@ class Knowledge:
             return curve.optimal_gpus(max_gpus)  # the fitted optimum, measured or to try
         if best == max(points) and best < max_gpus:
             below = [g for g in points if g < best]
-            if not below or points[best] >= (1 + self.learning.gain) * points[max(below)]:
-                return min(2 * best, max_gpus)  # the last doubling paid: try the next
+            up = curve.largest(min(2 * best, max_gpus))
+            if up and up > best and (not below or points[best] >= (1 + self.learning.gain)
+                                     * points[max(below)]):
+                return up  # the last doubling paid: try the next
         if best == min(points) and best > 1 and self.profile is not None:
-            return max(1, best // 2)  # the profile's optimum was too high: look lower
+            down = curve.largest(best // 2) or curve.smallest()
+            if down < best:
+                return down  # the profile's optimum was too high: look lower
         return best
 
     def disagreement(self, max_gpus: int) -> str | None:

@@ -102,6 +102,18 @@ class Job:
     def gpus(self) -> tuple[int, ...]:
         return self.placement.gpus if self.placement else ()
 
+    def fit(self, gpus: int) -> int | None:
+        """The most GPUs, at most `gpus`, the job can run on (its curve may rule some counts
+        out); None if none."""
+        return (gpus if gpus >= 1 else None) if self.curve is None else self.curve.largest(gpus)
+
+    @property
+    def fewest(self) -> int:
+        """The fewest GPUs it can run on: 1 for a resizable job, unless its curve rules it out."""
+        if not self.malleable:
+            return self.demand
+        return (self.curve.smallest() or self.demand) if self.curve else 1
+
     @property
     def waiting(self) -> bool:
         """Waits in the FIFO for GPUs (new, or suspended without a reservation)."""

@@ -7,6 +7,7 @@ smaller count, which leaves more GPUs for other jobs.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +35,9 @@ def model_key(name: str) -> str:
 @dataclass(frozen=True)
 class ThroughputCurve:
     model: str
-    steps_per_second: tuple[float, ...]  # index g-1 holds the throughput on g GPUs
+    # index g-1 holds the throughput on g GPUs; None: the model cannot run on g GPUs (e.g. its
+    # batch does not fit in the memory of fewer); beyond the last count the curve is flat
+    steps_per_second: tuple[float | None, ...]
     # (n, steps/s of one run on 1/n of a GPU shared with n-1 others); empty: never shares
     shared: tuple[tuple[int, float], ...] = ()
     startup_s: float | None = None  # launch -> first step (import, build, restore)
@@ -47,26 +50,42 @@ class ThroughputCurve:
     @property
     def max_share(self) -> int:
         """The most runs this model may share one GPU with (1: it never shares)."""
-        return max((n for n, _ in self.shared), default=1)
+        return max((n for n, _ in self.shared), default=1) if self.possible(1) else 1
+
+    def possible(self, gpus: int) -> bool:
+        """Can the model run on `gpus` GPUs?"""
+        return gpus >= 1 and self.steps_per_second[min(gpus, self.max_gpus) - 1] is not None
+
+    def largest(self, limit: int) -> int | None:
+        """The most GPUs, at most `limit`, the model can run on; None if none."""
+        return next((g for g in range(limit, 0, -1) if self.possible(g)), None)
+
+    def smallest(self, floor: int = 1) -> int | None:
+        """The fewest GPUs, at least `floor`, the model can run on; None if none."""
+        return next((g for g in range(max(floor, 1), self.max_gpus + 1) if self.possible(g)),
+                    floor if floor > self.max_gpus and self.possible(floor) else None)
 
     def throughput(self, gpus: int, share: int = 1) -> float:
         """Steps per second on `gpus` GPUs (beyond the profiled range the curve is flat), or
         with `share` > 1 on 1/share of one GPU: the figure of the next profiled larger
-        share (more of a GPU is never slower), without one 1/share of the 1-GPU speed."""
-        if gpus < 1:
-            raise ValueError("a job needs at least one GPU")
+        share (more of a GPU is never slower), without one 1/share of the 1-GPU speed.
+        ValueError for a count the model cannot run on: a policy that asks is wrong."""
+        if not self.possible(gpus):
+            raise ValueError(f"{self.model} cannot run on {gpus} GPUs")
         if share > 1:
             return max((v for n, v in self.shared if n >= share),
                        default=self.steps_per_second[0] / share)
         return self.steps_per_second[min(gpus, self.max_gpus) - 1]
 
-    def optimal_gpus(self, limit: int | None = None) -> int:
-        """The GPU count (at most `limit`) with the best throughput."""
+    def optimal_gpus(self, limit: int | None = None) -> int | None:
+        """The GPU count (at most `limit`) with the best throughput; None if it can run on
+        none of them."""
         n = self.max_gpus if limit is None else min(limit, self.max_gpus)
-        return max(range(1, n + 1), key=lambda g: (self.steps_per_second[g - 1], -g))
+        counts = [g for g in range(1, n + 1) if self.possible(g)]
+        return max(counts, key=lambda g: (self.steps_per_second[g - 1], -g), default=None)
 
     def speedup(self, gpus: int) -> float:
-        return self.throughput(gpus) / self.throughput(1)
+        return self.throughput(gpus) / self.throughput(self.smallest())
 
 
 @dataclass(frozen=True)
@@ -92,14 +111,15 @@ class ProfileBook:
 
         if not isinstance(doc, Mapping):
             raise fail("top level", "expected a mapping with 'system' and 'models'")
-        unknown = set(doc) - {"system", "description", "gpus_per_node", "units", "models"}
+        unknown = set(doc) - {"system", "description", "gpus_per_node", "units", "models",
+                              "measured"}
         if unknown:
             raise fail("top level", f"unknown field(s) {sorted(unknown)}")
         system = doc.get("system")
         if not isinstance(system, str) or not system:
             raise fail("system", "must be a non-empty string")
         per_node = doc.get("gpus_per_node")
-        if not isinstance(per_node, int) or per_node < 1:
+        if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
             raise fail("gpus_per_node", "must be a positive integer")
         models = doc.get("models")
         if not isinstance(models, Mapping) or not models:
@@ -110,29 +130,35 @@ class ProfileBook:
             if not isinstance(entry, Mapping):
                 raise fail(where, "must be a mapping with 'steps_per_second'")
             extra = set(entry) - {"steps_per_second", "shared_steps_per_second", "aliases",
-                                  "note"}
+                                  "note", "startup_s", "suspend_s", "measured"}
             if extra:
                 raise fail(where, f"unknown field(s) {sorted(extra)}")
             values = entry.get("steps_per_second")
-            if (
-                not isinstance(values, list)
-                or not values
-                or not all(isinstance(v, int | float) and v > 0 for v in values)
-            ):
-                raise fail(
-                    f"{where}.steps_per_second",
-                    "must be a list of positive numbers, one per GPU count from 1",
-                )
+            field = f"{where}.steps_per_second"
+            if not isinstance(values, list) or not values:
+                raise fail(field, "must be a list of positive numbers, one per GPU count "
+                                  "from 1 (null for a count the model cannot run on)")
+            if len(values) > per_node:
+                raise fail(field, f"has {len(values)} values but a node has {per_node} GPUs "
+                                  f"(gpus_per_node); give at most {per_node}")
+            speeds = tuple(None if v is None else _positive(v, f"{field}.{g}", fail)
+                           for g, v in enumerate(values))
+            if all(v is None for v in speeds):
+                raise fail(field, "is null for every count: the model could never run")
             shared = entry.get("shared_steps_per_second", {})
+            one = speeds[0] or 0.0
             if (not isinstance(shared, Mapping)
                     or not all(isinstance(n, int) and 2 <= n <= MAX_SHARE for n in shared)
-                    or not all(isinstance(v, int | float) and 0 < v <= values[0]
-                               for v in shared.values())):
+                    or not all(not isinstance(v, bool) and isinstance(v, int | float)
+                               and 0 < v <= one for v in shared.values())):
                 raise fail(f"{where}.shared_steps_per_second",
                            f"must map runs per GPU (2..{MAX_SHARE}) to the steps per second "
                            "of one of them, positive and at most the 1-GPU throughput")
-            curve = ThroughputCurve(str(name), tuple(float(v) for v in values),
-                                    tuple(sorted((n, float(v)) for n, v in shared.items())))
+            costs = {k: _positive(entry[k], f"{where}.{k}", fail, zero=True)
+                     for k in ("startup_s", "suspend_s") if entry.get(k) is not None}
+            curve = ThroughputCurve(str(name), speeds,
+                                    tuple(sorted((n, float(v)) for n, v in shared.items())),
+                                    **costs)
             aliases = entry.get("aliases", [])
             if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
                 raise fail(f"{where}.aliases", "must be a list of strings")
@@ -141,3 +167,19 @@ class ProfileBook:
                     raise fail(where, f"name or alias '{key}' is used twice")
                 curves[key] = curve
         return cls(system, per_node, curves, source)
+
+
+def _positive(value: object, where: str, fail, zero: bool = False) -> float:
+    """A finite number > 0 (>= 0 with `zero`) from a profile, or the error that says why not."""
+    kind = "a number >= 0" if zero else "a positive number"
+    if isinstance(value, bool):
+        raise fail(where, f"must be {kind}, not {str(value).lower()}")
+    if isinstance(value, str):
+        raise fail(where, f"must be {kind}, not the text {value!r} (write it unquoted)")
+    if not isinstance(value, int | float):
+        raise fail(where, f"must be {kind}, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise fail(where, f"must be a finite number, not {value}")
+    if value < 0 or (value == 0 and not zero):
+        raise fail(where, f"must be {kind}, not {value}")
+    return float(value)

@@ -157,6 +157,11 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
                 f"asks for {spec.gpus} GPUs but the largest node has {node_gpus}; "
                 f"ask for at most {node_gpus} or use 'auto'",
             )
+        curve = book.lookup(spec.model) if spec.model else None
+        if curve is not None and not curve.possible(spec.gpus):
+            can = [g for g in range(1, node_gpus + 1) if curve.possible(g)]
+            raise SpecError("gpus", f"'{spec.model}' cannot run on {spec.gpus} GPUs (its "
+                                    f"profile says so); it runs on {can or 'none'}")
         return Sizing(spec.gpus, malleable=False)
     if spec.model is None:
         raise SpecError("gpus", "without a 'model', give an explicit GPU count (e.g. gpus: 2)")
@@ -167,5 +172,8 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
             f"'{spec.model}' has no throughput curve in profile '{book.system}' "
             f"(known: {', '.join(book.models)}); give an explicit GPU count instead",
         )
-    return Sizing(curve.optimal_gpus(node_gpus), malleable=True,
-                  max_share=curve.max_share if spec.nodes == 1 else 1)
+    best = curve.optimal_gpus(node_gpus)
+    if best is None:
+        raise SpecError("model", f"'{spec.model}' cannot run on any count up to {node_gpus} "
+                                 f"GPUs (its profile in '{book.system}' rules them all out)")
+    return Sizing(best, malleable=True, max_share=curve.max_share if spec.nodes == 1 else 1)

@@ -137,8 +137,8 @@ def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
         curve = book.lookup(a.spec.model)
         # (GPUs held, steps/s) of every way it may run: whole GPUs, or a share of one
         ways = [(a.spec.gpus, curve.throughput(a.spec.gpus))] if a.spec.gpus else [
-            (g, curve.throughput(g)) for g in range(1, gpus_per_node + 1)] + [
-            (1 / n, v) for n, v in curve.shared]
+            (g, curve.throughput(g)) for g in range(1, gpus_per_node + 1)
+            if curve.possible(g)] + [(1 / n, v) for n, v in curve.shared]
         longest = max(longest, a.at + min(a.spec.steps / v for _, v in ways))
         gpu_time += min(held * a.spec.steps / v for held, v in ways)
     start = min((a.at for a in arrivals), default=0.0)

@@ -63,6 +63,8 @@ def scenarios(draw) -> Scenario:
             power = draw(st.floats(0.3, 1.0))
             speeds = [g ** power if g <= demand else demand ** power * 0.97 ** (g - demand)
                       for g in range(1, max(sizes) + 1)]
+            fewest = draw(st.integers(1, demand))  # e.g. its batch needs that many GPUs
+            speeds = [None if g < fewest else v for g, v in enumerate(speeds, start=1)]
             curve = ThroughputCurve("m", tuple(speeds), startup_s=draw(st.sampled_from([0, 5])),
                                     suspend_s=1.0)
         jobs.append(Job(i, demand, malleable, after, max_share=max_share, curve=curve,
@@ -137,6 +139,11 @@ def check_decision(policy: str, state: State, actions: list) -> None:
 
     for action in actions:
         job = jobs[action.job]
+        count = len(action.gpus if isinstance(action, Start) else
+                    action.resume_on.gpus if isinstance(action, Suspend) and action.resume_on
+                    else job.gpus) or job.demand
+        assert job.curve is None or job.curve.possible(count), (
+            f"job {job.id} put on {count} GPUs, a count its curve rules out: {action}")
         match action:
             case Start(node=node_name, gpus=gpus, role=role):
                 node = state.nodes[node_name]
@@ -163,16 +170,16 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 elif policy == "timeslice":
                     assert role is Role.PRIMARY and len(gpus) == job.demand
                 elif policy == "elastic":
-                    if job.waiting:  # starts small: one GPU, or a rigid job's count
-                        assert len(gpus) == (1 if job.malleable else job.demand)
+                    if job.waiting:  # starts small: one GPU (or the fewest its curve allows),
+                        assert len(gpus) == job.fewest  # or a rigid job's count
                     assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy == "adaptive":  # 1 GPU up to its demand, if it has a curve
-                    low = 1 if job.malleable and job.curve is not None else job.demand
+                    low = job.fewest if job.malleable and job.curve is not None else job.demand
                     assert low <= len(gpus) <= job.demand, f"adaptive: job {job.id} on {gpus}"
                     assert action.share == 1
                     assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy in ("moldable", "malleable"):
-                    low = 1 if job.malleable else job.demand
+                    low = job.fewest
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
                     assert action.share <= job.max_share, f"job {job.id} on 1/{action.share}"
                     assert (role is Role.PRIMARY) == (

@@ -56,7 +56,8 @@ class Item:
     """A job as the planner sees it."""
 
     id: int
-    speeds: tuple[float, ...]  # steps/s on 1..high GPUs; () for a job without a curve
+    # steps/s on 1..high GPUs (None: a count it cannot run on); () for a job without a curve
+    speeds: tuple[float | None, ...]
     work: float  # steps left
     low: int  # the fewest GPUs (on each node) it may get
     high: int  # the most that still make it faster
@@ -68,6 +69,13 @@ class Item:
 
     def speed(self, g: int) -> float:
         return self.speeds[min(g, len(self.speeds)) - 1] if self.speeds else 1.0
+
+    def can(self, g: int) -> bool:
+        return not self.speeds or self.speeds[min(g, len(self.speeds)) - 1] is not None
+
+    def above(self, g: int) -> int | None:
+        """The next count above g it can run on, up to `high`."""
+        return next((c for c in range(g + 1, self.high + 1) if self.can(c)), None)
 
 
 def allocate(items: list[Item], room: dict[str, int], bias: float,
@@ -102,27 +110,31 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
                 and not by_id[i].fixed and by_id[i].work > 0]
         if free:
             first = max(free, key=lambda i: (i.work / i.speed(i.high), -i.id))
-            node = out[first.id][0][0]
-            more = min(first.high - out[first.id][1], room[node])
-            out[first.id][1] += more
-            room[node] -= more
+            node, have = out[first.id][0][0], out[first.id][1]
+            target = max((c for c in range(have, first.high + 1)
+                          if c - have <= room[node] and first.can(c)), default=have)
+            out[first.id][1] = target
+            room[node] -= target - have
     for node, left in room.items():
         mine = [by_id[i] for i, (nodes, _) in out.items()
                 if nodes == (node,) and not by_id[i].fixed]
-        for _ in range(left):
-            best, gain = None, 0.0
+        while left > 0:
+            best, gain, step = None, 0.0, 0
             for item in mine:
                 g = out[item.id][1]
-                if g >= item.high:
+                nxt = item.above(g)
+                if nxt is None or nxt - g > left:
                     continue
-                added = (item.speed(g + 1) - item.speed(g)) / item.speed(1)
+                added = (item.speed(nxt) - item.speed(g)) / item.speed(item.low) / (nxt - g)
                 # work unknown (no step count): by throughput alone
-                value = added / (item.work / item.speed(1)) ** bias if item.work > 0 else added
+                value = added / (item.work / item.speed(item.low)) ** bias if item.work > 0 \
+                    else added
                 if value > gain:
-                    best, gain = item, value
+                    best, gain, step = item, value, nxt - g
             if best is None:
                 break
-            out[best.id][1] += 1
+            out[best.id][1] += step
+            left -= step
     return {i: tuple(v) for i, v in out.items()}
 
 
@@ -311,16 +323,17 @@ class AdaptivePolicy(Policy):
         curve = job.curve
         fixed_size = not job.malleable or curve is None or job.nodes > 1
         high = job.demand
-        speeds = tuple(curve.throughput(g) for g in range(1, high + 1)) if curve else ()
+        speeds = tuple(curve.steps_per_second[min(g, curve.max_gpus) - 1]
+                       for g in range(1, high + 1)) if curve else ()
         if job.placement is not None:
             count = len(job.gpus)
             share = job.placement.share
             left = max((job.expected_end or now) - now, 0.0)
             work = left * (curve.throughput(count, share) if curve else 1.0)
-            return Item(job.id, speeds, work, 1 if not fixed_size else high, high,
+            return Item(job.id, speeds, work, job.fewest if not fixed_size else high, high,
                         job.nodes, job.placement.node, count, not movable, reshape_cost(job))
         work = job.steps_left if job.steps_left is not None else 0.0
-        low = high if fixed_size else 1
+        low = high if fixed_size else job.fewest
         return Item(job.id, speeds, work, low, high, job.nodes, cost=reshape_cost(job))
 
     @staticmethod

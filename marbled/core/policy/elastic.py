@@ -53,7 +53,7 @@ class ElasticPolicy(Policy):
         actions: list = []
         free = {n: state.free(n) for n in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, now):
-            count = job.demand if not job.malleable else 1
+            count = job.fewest  # one GPU, unless its curve rules that out
             parts = take_nodes(free, 1, lambda _node, count=count: count)
             if parts is None:
                 return actions + self._make_room(engaged)
@@ -65,11 +65,12 @@ class ElasticPolicy(Policy):
         """Halve the running job with most GPUs (oldest first on ties), if any has two."""
         # Cheapest test first: under load nearly every job holds one GPU.
         big = [j for j in engaged if len(j.gpus) > 1 and j.malleable
-               and j.state is JobState.RUNNING and j.nodes == 1 and j.placement.share == 1]
+               and j.state is JobState.RUNNING and j.nodes == 1 and j.placement.share == 1
+               and j.fit(len(j.gpus) // 2)]
         if not big:
             return []
         job = max(big, key=lambda j: (len(j.gpus), -j.id))
-        keep = job.gpus[: len(job.gpus) // 2]
+        keep = job.gpus[: job.fit(len(job.gpus) // 2)]
         return [Suspend(job.id, Placement(job.placement.node, keep), "elastic: make room")]
 
     def _grow(self, engaged: list[Job], free: dict[str, list[int]], now: float) -> list:
@@ -81,7 +82,9 @@ class ElasticPolicy(Policy):
         actions = []
         for job in sorted(stable, key=lambda j: (len(j.gpus) * (j.expected_end - now), j.id)):
             node = job.placement.node
-            count = min(2 * len(job.gpus), job.demand)
+            count = job.fit(min(2 * len(job.gpus), job.demand))
+            if count <= len(job.gpus):
+                continue
             extra = count - len(job.gpus)
             if len(free.get(node, ())) >= extra:
                 taken, free[node] = free[node][:extra], free[node][extra:]

@@ -57,42 +57,55 @@ class Grant:
 
 
 def shares(job: Job) -> bool:
-    return job.malleable and job.max_share > 1
+    return job.malleable and job.max_share > 1 and job.fit(1) == 1
 
 
 def p_min(job: Job) -> int:
-    """In whole GPUs (a job that may share counts 1 here)."""
-    return 1 if job.malleable else job.demand
+    """In whole GPUs (a job that may share counts 1 here): one GPU for a resizable job
+    (unless its curve rules one out), its count for a rigid one."""
+    return job.fewest
+
+
+def grow(job: Job):
+    """The count after one more step up from s: the next count the job can run on."""
+    return (lambda s: s + 1) if job.curve is None else (lambda s: job.curve.smallest(s + 1))
 
 
 def p_min_units(job: Job) -> int:
     return UNITS // job.max_share if shares(job) else UNITS * p_min(job)
 
 
-def dhondt(minimum: list[int], votes: list[int], seats: int) -> list[int]:
-    """Add `seats` to `minimum`, each to the largest votes/(share+1) below its vote."""
+def dhondt(minimum: list[int], votes: list[int], seats: int, steps=None) -> list[int]:
+    """Add `seats` to `minimum`, each to the largest votes/(share+1) below its vote.
+    `steps[k](s)`: job k's next share after s (default s + 1; a job whose curve rules some
+    counts out jumps them, taking as many seats at once)."""
     out = list(minimum)
-    for _ in range(seats):
-        open_ = [k for k in range(len(out)) if out[k] < votes[k]]
+    while seats > 0:
+        after = [steps[k](out[k]) if steps else out[k] + 1 for k in range(len(out))]
+        open_ = [k for k in range(len(out)) if after[k] is not None
+                 and after[k] <= votes[k] and after[k] - out[k] <= seats]
         if not open_:
             break
-        best = max(open_, key=lambda k: (votes[k] / (out[k] + 1), -k))
-        out[best] += 1
+        best = max(open_, key=lambda k: (votes[k] / after[k], -k))
+        seats -= after[best] - out[best]
+        out[best] = after[best]
     return out
 
 
-def fit(room: dict[str, int], share: int, low: int,
-        prefer: str | None = None) -> tuple[str, int] | None:
+def fit(room: dict[str, int], share: int, low: int, prefer: str | None = None,
+        job: Job | None = None) -> tuple[str, int] | None:
     """(node, GPU count) for a job of `share` GPUs that accepts `low`, given the vacant GPUs
     per node: the preferred node if its share fits there, else the first node it fits on,
-    else the node with most room if that holds `low`; None if no node does."""
+    else the node with most room if that holds `low` (as many as `job` can run on); None
+    if no node does."""
     if prefer is not None and room.get(prefer, 0) >= share:
         return prefer, share
     first = next((n for n in room if room[n] >= share), None)
     if first is not None:
         return first, share
     node = max(room, key=room.__getitem__)
-    return (node, room[node]) if room[node] >= low else None
+    count = job.fit(room[node]) if job is not None else room[node]
+    return (node, count) if count is not None and count >= low else None
 
 
 def split(free_units: int, runs: int) -> int | None:
@@ -176,8 +189,8 @@ class _Vacant:
         spot = None
         if kept:
             spot = fit({n: r - kept.get(n, 0) for n, r in self.room.items()}, count,
-                       p_min(job), prefer)
-        spot = spot or fit(self.room, count, p_min(job), prefer)
+                       p_min(job), prefer, job)
+        spot = spot or fit(self.room, count, p_min(job), prefer, job)
         if spot is None:
             return False
         self.promise_on(job, *spot, home)
@@ -231,7 +244,8 @@ def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement]) -> d
         mine.sort(key=lambda j: j.id)
         low, high = [p_min(j) for j in mine], [j.demand for j in mine]
         seats = vacant.room[node]
-        counts = high if sum(high) <= seats else dhondt(low, high, seats - sum(low))
+        counts = high if sum(high) <= seats else dhondt(low, high, seats - sum(low),
+                                                        [grow(j) for j in mine])
         for job, count in zip(mine, counts, strict=True):
             vacant.promise_on(job, node, count, homes.get(job.id))
     return vacant.assign()

@@ -75,9 +75,11 @@ class MarblePolicy(Policy):
             parts = take_nodes(free, job.nodes, lambda _node, job=job: job.demand)
             if parts:
                 actions.append(start_on(job, parts, Role.PRIMARY))
-            elif job.malleable and job.nodes == 1 and any(free.values()):
+            elif job.malleable and job.nodes == 1 and any(free.values()) and \
+                    job.fit(max(len(g) for g in free.values())):
                 node = max(free, key=lambda n: len(free[n]))
-                gpus, free[node] = free[node], []
+                count = job.fit(len(free[node]))  # all of them, unless its curve rules that out
+                gpus, free[node] = free[node][:count], free[node][count:]
                 actions.append(Start(job.id, node, tuple(gpus), Role.SECONDARY))
             else:
                 break
@@ -96,10 +98,13 @@ class MarblePolicy(Policy):
                               and settled(j, now)), key=lambda j: j.id)
         for job in secondaries:
             own = job.placement.node
-            options = [(min(job.demand, len(job.gpus) + len(free.get(own, ()))), 0, own)]
-            options += [(min(job.demand, len(gpus)), 1, n) for n, gpus in free.items()
+            options = [(job.fit(min(job.demand, len(job.gpus) + len(free.get(own, ())))), 0,
+                        own)]
+            options += [(job.fit(min(job.demand, len(gpus))), 1, n) for n, gpus in free.items()
                         if n != own]
-            count, _, node = max(options, key=lambda o: (o[0], -o[1]))
+            count, _, node = max(options, key=lambda o: (o[0] or 0, -o[1]))
+            if count is None:
+                continue
             if count <= len(job.gpus) or not _pays(job, count, now):
                 continue
             if node == own:

@@ -20,7 +20,8 @@ class WholeNodeFifo(Policy):
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
         for job in fifo_candidates(state, now):
             parts = take_nodes(free, job.nodes, lambda name, job=job: (
-                job.demand if not job.malleable else state.nodes[name].size))
+                job.demand if not job.malleable else job.fit(state.nodes[name].size) or
+                job.demand))
             if parts is None:
                 break  # strict FIFO: the head blocks the queue
             actions.append(start_on(job, parts, Role.PRIMARY))
