@@ -106,7 +106,13 @@ class JobFileError(ValueError):
 
 
 def load_job_file(path: Path) -> list[JobSpec]:
-    """Read a job-set file: a YAML list of jobs, or a mapping with a 'jobs' list.
+    """The jobs of a job-set file (see `read_job_file`)."""
+    return [spec for _, spec in read_job_file(path)]
+
+
+def read_job_file(path: Path) -> list[tuple[str, JobSpec]]:
+    """Read a job-set file: a YAML list of jobs, or a mapping with a 'jobs' list; each job
+    with where it stands ('FILE:LINE').
 
     Each job takes the fields of `marble submit` (command or emulate, model,
     steps, gpus, after, name).
@@ -127,9 +133,9 @@ def load_job_file(path: Path) -> list[JobSpec]:
         raise JobFileError(f"{path}: expected a non-empty list of jobs (or 'jobs:' with a list)")
     specs = []
     for i, (entry, node) in enumerate(zip(doc, nodes, strict=True), start=1):
+        where = f"{path}:{node.start_mark.line + 1}"
         try:
-            specs.append(JobSpec.from_mapping(entry))
+            specs.append((where, JobSpec.from_mapping(entry)))
         except SpecError as exc:
-            line = node.start_mark.line + 1
-            raise JobFileError(f"{path}:{line}: job {i}: {exc}") from None
+            raise JobFileError(f"{where}: job {i}: {exc}") from None
     return specs

@@ -22,6 +22,17 @@ from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
 
 
+class WorkloadError(SpecError):
+    """A job of a workload that cannot be simulated; the message names where it was read."""
+
+    def __init__(self, where: str, field: str, message: str):
+        super().__init__(field, message)
+        self.where = where
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.field}: {self.message}"
+
+
 @dataclass(frozen=True)
 class SimRun:
     job: int
@@ -183,13 +194,22 @@ class Simulator:
             (w if isinstance(w, Arrival) else Arrival(0.0, w) for w in workload),
             key=lambda a: a.at)
         for i, a in enumerate(arrivals, start=1):
-            if a.spec.model is None or self.book.lookup(a.spec.model) is None \
-                    or a.spec.steps is None:
-                raise SpecError("model", f"job {i}: the simulator needs a profiled model and "
-                                         "a step count for every job")
+            where = a.where or f"job {i}"
+            if a.spec.model is None or a.spec.steps is None:
+                raise WorkloadError(where, "model" if a.spec.model is None else "steps",
+                                    "the simulator needs a profiled model and a step count "
+                                    "for every job")
+            if self.book.lookup(a.spec.model) is None:
+                raise WorkloadError(where, "model", f"'{a.spec.model}' is not in profile "
+                                    f"'{self.book.system}', which has "
+                                    f"{', '.join(self.book.models)}")
             if a.spec.nodes > 1:
-                raise SpecError("nodes", f"job {i}: the simulator models single-node jobs "
-                                         "(profiles have no multi-node curves)")
+                raise WorkloadError(where, "nodes", "the simulator models single-node jobs "
+                                                    "(profiles have no multi-node curves)")
+            try:
+                size_job(a.spec, self.book, self.gpus_per_node)
+            except SpecError as exc:
+                raise WorkloadError(where, exc.field, exc.message) from None
         names = [f"node{i}" for i in range(self.nodes)]
         state = State(nodes={n: Node(n, tuple(range(self.gpus_per_node))) for n in names})
         self.runs = []

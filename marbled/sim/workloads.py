@@ -45,12 +45,12 @@ import random
 import re
 import sqlite3
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from marbled.core.spec import MAX_STEPS, JobSpec, SpecError
-from marbled.resources import load_job_file
+from marbled.resources import read_job_file
 
 COLUMNS = ("arrival", "model", "steps", "gpus", "name")
 REQUIRED_COLUMNS = ("arrival", "model", "steps")
@@ -59,10 +59,12 @@ _INT = re.compile(r"[+-]?\d+")
 
 @dataclass(frozen=True)
 class Arrival:
-    """`spec` is submitted `at` seconds after the start of the workload."""
+    """`spec` is submitted `at` seconds after the start of the workload; `where` says where
+    it was read ('FILE:LINE'), for errors found later."""
 
     at: float
     spec: JobSpec
+    where: str | None = field(default=None, compare=False)
 
 
 class TraceError(ValueError):
@@ -81,7 +83,7 @@ class TraceError(ValueError):
 
 def from_job_file(path: str | Path) -> list[Arrival]:
     """A job-set file (see `marbled.resources.load_job_file`) with every job arriving at t = 0."""
-    return [Arrival(0.0, spec) for spec in load_job_file(Path(path))]
+    return [Arrival(0.0, spec, where) for where, spec in read_job_file(Path(path))]
 
 
 # ---------------------------------------------------------------- Poisson arrivals
@@ -239,7 +241,7 @@ def read_trace(path: str | Path) -> list[Arrival]:
             spec = JobSpec.from_mapping(doc)
         except SpecError as exc:
             _fail(src, line, exc.field, exc.message)
-        arrivals.append(Arrival(at, spec))
+        arrivals.append(Arrival(at, spec, f"{src}:{line}"))
     return arrivals
 
 
