@@ -31,6 +31,9 @@ def comparison_table(results: list[SimResult]) -> str:
         lines.append("".join(fmt.format(s[key]) for key, _, fmt in COLUMNS))
     if results:
         lines.append(f"lower bound (no policy can beat it): {results[0].lower_bound:.0f} s")
+    if any(r.policy == "moldable" for r in results):
+        lines.append("moldable keeps every job on the count it started with, as published: "
+                     "a long job that started on the one free GPU stays on it")
     return "\n".join(lines)
 
 

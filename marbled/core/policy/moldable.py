@@ -4,6 +4,10 @@ At each decision the eligible waiting jobs share out the vacant GPUs (and the
 room left on shared GPUs) by Equipartition with D'Hondt (`equipartition.py`,
 which lists the cases and how we fitted them to a node-level broker). Running
 jobs are never touched: that is the malleable variant (`malleable.py`).
+
+As published, a job keeps the count it started with to its end: a long job that
+arrived when one GPU was free runs on that one GPU even after the others empty
+(on a trace of jobs days long this made the makespan 2.4x rigid's on 16 nodes).
 """
 
 from __future__ import annotations
