@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from marbled.core.learning import LearnedBook, Learning
 from marbled.core.profiles import ProfileBook, ProfileError
 from marbled.core.spec import JobSpec, SpecError
 
@@ -89,8 +90,34 @@ def _line_of(node: yaml.Node | None, where: str | None) -> int | None:
 
 
 def load_profile(name_or_path: str = DEFAULT_PROFILE) -> ProfileBook:
+    """A profile by name or path; a broker's state database (marble.db) gives the curves
+    that broker learned, its profile blended with what its runs measured."""
+    if str(name_or_path).endswith(".db"):
+        book = learned_book(Path(name_or_path))
+        return ProfileBook.from_mapping(book.as_profile(), source=str(name_or_path))
     path = find_profile(name_or_path).resolve()
     return _load_profile_file(path, path.stat().st_mtime)
+
+
+def learned_book(db: Path, learning: Learning | None = None) -> LearnedBook:
+    """What the broker of `db` learned: the profile it ran with and every sample stored."""
+    from marbled.store.db import SchemaError, Store  # SQLAlchemy only for a database
+
+    if not db.is_file():
+        raise ProfileError(f"{db}: no such state database (give a broker's marble.db)")
+    try:
+        store = Store(db)
+    except SchemaError as exc:
+        raise ProfileError(str(exc)) from None
+    try:
+        meta = store.meta()
+        book = LearnedBook(load_profile(meta.get("profile_ref") or DEFAULT_PROFILE),
+                           learning or Learning())
+        for row in store.samples():
+            book.record(row.model, row.kind, row.value, row.gpus)
+    finally:
+        store.close()
+    return book
 
 
 def workload_path(name: str) -> Path:

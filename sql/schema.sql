@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 4.
+-- marbled state database (marble.db in the broker's state directory), schema version 5.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -85,6 +85,22 @@ CREATE TABLE gpu_samples (
 );
 CREATE INDEX ix_gpu_samples_at ON gpu_samples (at);
 CREATE INDEX ix_gpu_samples_job_id ON gpu_samples (job_id);
+
+-- What runs measured of their models (the broker learns its curves from them): a run's
+-- throughput at its GPU count over a window, its start-up, what a suspension took.
+CREATE TABLE samples (
+	id INTEGER NOT NULL,
+	at FLOAT NOT NULL,
+	model VARCHAR(128) NOT NULL,    -- as the job named it
+	kind VARCHAR(16) NOT NULL,      -- throughput (steps/s) | startup | suspend (seconds)
+	gpus INTEGER NOT NULL,          -- the run's GPU count (for throughput)
+	share INTEGER DEFAULT '1' NOT NULL, -- n > 1: on 1/n of a GPU
+	value FLOAT NOT NULL,           -- in the profile's seconds (emulated jobs: scaled)
+	job_id INTEGER,
+	run_id INTEGER,
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_samples_model ON samples (model);
 
 -- Broker settings of the last start: schema_version, policy, profile, nodes, ...
 CREATE TABLE meta (

@@ -80,6 +80,11 @@ SPEC = {
                                                "parameters": [JOB_ID],
                                                "responses": _answer("requested", "202")}},
         "/v1/runs": {"get": {"summary": "every launch segment", "responses": _answer("runs")}},
+        "/v1/curves": {"get": {
+            "summary": "each model's curve: the profile's, measured by runs, believed",
+            "parameters": [{"name": "model", "in": "query", "schema": {
+                "type": "string", "minLength": 1, "pattern": "\\S"}}],
+            "responses": _answer("curves")}},
         "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
                                   "responses": _answer("started", "202")}},
         "/v1/openapi.json": {"get": {"summary": "this description",

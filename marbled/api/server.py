@@ -7,6 +7,7 @@
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
   GET  /v1/runs                every launch segment (the schedule)
+  GET  /v1/curves[?model=M]    each model's curve: profile, measured, believed
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
   GET  /v1/openapi.json        this API as OpenAPI 3.1
 
@@ -185,6 +186,13 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     @routes.get("/v1/runs")
     async def runs(request: web.Request) -> web.Response:
         return web.json_response(views.runs())
+
+    @routes.get("/v1/curves")
+    async def curves(request: web.Request) -> web.Response:
+        model = request.query.get("model")
+        if model is not None and not model.strip():
+            raise Invalid("model must be a model name such as resnet-50", "model")
+        return web.json_response(views.curves(model))
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:

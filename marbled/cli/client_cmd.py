@@ -1,7 +1,8 @@
 """`marble`: the client of a running broker, and the commands that need none.
 
 Commands by area: `jobs.py` (submit, status, show, cancel, suspend, schedule),
-`session.py` (ready, wait, shutdown), `offline.py` (simulate, trace, demo).
+`models.py` (curves), `session.py` (ready, wait, shutdown), `offline.py` (simulate,
+trace, demo).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from marbled.cli import jobs, offline, session
+from marbled.cli import jobs, models, offline, session
 from marbled.paths import default_state_dir
 
 
@@ -40,7 +41,7 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
                "json": as_json}
 
 
-for _command in (*jobs.COMMANDS, *session.COMMANDS, *offline.COMMANDS):
+for _command in (*jobs.COMMANDS, *models.COMMANDS, *session.COMMANDS, *offline.COMMANDS):
     main.add_command(_command)
 
 

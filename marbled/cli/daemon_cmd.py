@@ -14,6 +14,7 @@ import click
 from marbled.batch import LAUNCHERS, choose
 from marbled.batch.base import AllocationError
 from marbled.cli.policy_options import make_policy, policy_settings, policy_summaries
+from marbled.core.learning import Learning
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.config import BrokerConfig
@@ -49,6 +50,17 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
 @policy_settings
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Throughput curves: a name in profiles/ or a YAML path.")
+@click.option("--learn/--no-learn", default=True, show_default=True,
+              help="Learn each model's curve and costs from its runs (kept in the state "
+                   "database; 'marble curves' shows them) and size later jobs by it; a model "
+                   "no profile knows is then explored instead of refused.")
+@click.option("--start-gpus", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="With --learn: the GPU count the first job of a model no profile knows "
+                   "starts on; later runs double it while a doubling pays.")
+@click.option("--learn-interval", type=click.FloatRange(min=0.05), default=30.0,
+              show_default=True,
+              help="With --learn: seconds between looks at the runs' progress (each look "
+                   "is a throughput sample of every run training long enough).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-4, max=1e4), default=1.0,
               show_default=True,
               help="For emulated jobs: real seconds per profiled second (0.02 runs 50x faster).")
@@ -94,9 +106,10 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
               help="Start in the background; print the pid once the API answers.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info",
               show_default=True)
-def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, time_scale, suspend_timeout,
-         kill_timeout, monitor_interval, prestart, launcher, drain_before, step_args,
-         sample_interval, retry_delay, listen, detach, log_level, **settings):
+def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start_gpus,
+         learn_interval, time_scale, suspend_timeout, kill_timeout, monitor_interval, prestart,
+         launcher, drain_before, step_args, sample_interval, retry_delay, listen, detach,
+         log_level, **settings):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -143,6 +156,8 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, time_scale, 
         monitor_interval=monitor_interval, prestart=prestart if system.prestart else "off",
         broker_node=system.broker_node(allocation, os.environ), end_time=allocation.end_time,
         drain_before=drain_before, retry_delay=retry_delay, sample_interval=sample_interval,
+        learning=Learning(start_gpus=start_gpus) if learn else None,
+        learn_interval=learn_interval,
     )
     runner = system.launcher(allocation, tuple(step_args))
     try:

@@ -21,11 +21,10 @@ count and says what the broker should believe:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from statistics import median
 
-from marbled.core.profiles import ThroughputCurve
+from marbled.core.profiles import ProfileBook, ThroughputCurve, model_key
 
 RECENT = 9  # samples per count that the median is taken over
 
@@ -171,6 +170,29 @@ class Knowledge:
                 return down  # the profile's optimum was too high: look lower
         return best
 
+    def report(self, max_gpus: int) -> dict:
+        """Profile against measurement against the estimate, count by count (for people)."""
+        points, curve = self.measured(), self.curve(max_gpus)
+        holds = self.shape_holds()
+        counts = []
+        for g in range(1, max_gpus + 1):
+            profiled = self.profile.throughput(g) if self.profile and \
+                self.profile.possible(g) else None
+            estimate = curve.throughput(g) if curve and curve.possible(g) else None
+            source = ("measured" if g in points else "none" if estimate is None
+                      else "profile" if not points else "scaled profile" if holds
+                      else "fitted")
+            counts.append({"gpus": g, "profile": profiled, "measured": points.get(g),
+                           "samples": len(self.throughput.get(g, ())), "estimate": estimate,
+                           "source": source})
+        said = self.profile.optimal_gpus(max_gpus) if self.profile else None
+        return {"model": self.model, "counts": counts, "profile_optimum": said,
+                "optimum": curve.optimal_gpus(max_gpus) if curve else None,
+                "next_count": self.next_count(max_gpus),
+                "startup_s": curve.startup_s if curve else None,
+                "suspend_s": curve.suspend_s if curve else None,
+                "disagrees": self.disagreement(max_gpus)}
+
     def disagreement(self, max_gpus: int) -> str | None:
         """Why the measurements contradict the profile (for `marble curves`), if they do."""
         if self.profile is None:
@@ -188,5 +210,60 @@ class Knowledge:
         return "; ".join(reasons) or None
 
 
-def knowledge_of(models: Iterable[Knowledge]) -> dict[str, Knowledge]:
-    return {k.model: k for k in models}
+class LearnedBook:
+    """A profile book that learns: `lookup()` gives a model's best-estimate curve, `demand()`
+    the count its next run should use, `record()` takes a measurement. Models no profile
+    knows are learned from scratch (they start on `learning.start_gpus`)."""
+
+    def __init__(self, book: ProfileBook, learning: Learning = Learning(),
+                 max_gpus: int | None = None):
+        self.profile, self.learning = book, learning
+        self.max_gpus = max_gpus or book.gpus_per_node
+        self.known: dict[str, Knowledge] = {}  # by model_key, for models with a measurement
+
+    @property
+    def system(self) -> str:
+        return self.profile.system
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({*self.profile.models, *(k.model for k in self.known.values())})
+
+    def knowledge(self, model: str) -> Knowledge:
+        key = model_key(model)
+        return self.known.get(key) or Knowledge(model, self.profile.lookup(model),
+                                                learning=self.learning)
+
+    def lookup(self, model: str) -> ThroughputCurve | None:
+        return self.knowledge(model).curve(self.max_gpus)
+
+    def demand(self, model: str, limit: int) -> int | None:
+        return self.knowledge(model).next_count(min(limit, self.max_gpus))
+
+    def record(self, model: str, kind: str, value: float, gpus: int = 0) -> None:
+        self.known[model_key(model)] = self.knowledge(model).with_sample(kind, value, gpus)
+
+    def report(self, model: str | None = None) -> list[dict]:
+        """`Knowledge.report` of one model, or of every model profiled or measured."""
+        keys = [model_key(model)] if model else sorted(
+            {*map(model_key, self.profile.models), *self.known})
+        return [self.knowledge(self.known[k].model if k in self.known else
+                               self.profile.lookup(k).model if self.profile.lookup(k) else k
+                               ).report(self.max_gpus) for k in keys]
+
+    def as_profile(self) -> dict:
+        """The book as a profile document (what `marbled --profile` and the simulator load):
+        every model's best estimate, with the costs learned."""
+        models = {}
+        for k in sorted({*map(model_key, self.profile.models), *self.known}):
+            know = self.known.get(k) or self.knowledge(self.profile.lookup(k).model)
+            curve = know.curve(self.max_gpus)
+            entry = {"steps_per_second": list(curve.steps_per_second)}
+            if curve.shared:
+                entry["shared_steps_per_second"] = dict(curve.shared)
+            for cost in ("startup_s", "suspend_s"):
+                if getattr(curve, cost) is not None:
+                    entry[cost] = getattr(curve, cost)
+            models[curve.model] = entry
+        return {"system": f"{self.profile.system} (learned)", "gpus_per_node": self.max_gpus,
+                "models": models}

@@ -115,6 +115,11 @@ class Job:
         return (self.curve.smallest() or self.demand) if self.curve else 1
 
     @property
+    def engaged(self) -> bool:
+        """Holds GPUs or has some reserved."""
+        return self.placement is not None or self.resume_on is not None
+
+    @property
     def waiting(self) -> bool:
         """Waits in the FIFO for GPUs (new, or suspended without a reservation)."""
         return self.state is JobState.QUEUED or (
@@ -306,6 +311,23 @@ class State:
         """The driver's estimate of when the job's current run ends (policies that weigh the
         remaining time read it; the profile curve gives it)."""
         return self._put(replace(self.jobs[job_id], expected_end=end))
+
+    def resize(self, job_id: int, demand: int | None, curve: ThroughputCurve | None) -> Job:
+        """What was learned of a resizable job's model: its count to aim for and its curve.
+        A waiting job takes both; one that holds or has reserved GPUs never aims below them
+        (it is not shrunk by what is learned), and one running below its new count becomes
+        a secondary (a policy that promotes may then give it more)."""
+        job = self.jobs[job_id]
+        if job.state.finished or not job.malleable or job.nodes > 1 or demand is None:
+            return job
+        held = max(len(job.gpus) if job.placement and job.placement.share == 1 else 1,
+                   len(job.resume_on.gpus) if job.resume_on else 0) if job.engaged else 0
+        demand = max(demand, held)
+        role = job.role
+        if job.state is JobState.RUNNING:
+            role = Role.PRIMARY if job.placement.share == 1 and len(job.gpus) == demand \
+                else Role.SECONDARY
+        return self._put(replace(job, demand=demand, curve=curve, role=role))
 
     def drop_reservation(self, job_id: int) -> Job:
         """Forget the GPUs kept for a job's resume (it will wait in the FIFO instead)."""

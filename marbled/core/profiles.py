@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marbled.core.model import MAX_SHARE
 
@@ -84,6 +84,18 @@ class ThroughputCurve:
         counts = [g for g in range(1, n + 1) if self.possible(g)]
         return max(counts, key=lambda g: (self.steps_per_second[g - 1], -g), default=None)
 
+    def in_time(self, scale: float) -> ThroughputCurve:
+        """The curve on a clock that runs `scale` real seconds per profiled second (an
+        emulated job's): steps per real second, costs in real seconds."""
+        if scale == 1.0:
+            return self
+        return replace(
+            self, steps_per_second=tuple(None if v is None else v / scale
+                                         for v in self.steps_per_second),
+            shared=tuple((n, v / scale) for n, v in self.shared),
+            startup_s=None if self.startup_s is None else self.startup_s * scale,
+            suspend_s=None if self.suspend_s is None else self.suspend_s * scale)
+
     def speedup(self, gpus: int) -> float:
         return self.throughput(gpus) / self.throughput(self.smallest())
 
@@ -97,6 +109,12 @@ class ProfileBook:
 
     def lookup(self, model: str) -> ThroughputCurve | None:
         return self.curves.get(model_key(model))
+
+    def demand(self, model: str, limit: int) -> int | None:
+        """The count a job of `model` runs best on, on nodes of `limit` GPUs; None if the
+        profile does not know the model (or it can run on no count up to `limit`)."""
+        curve = self.lookup(model)
+        return curve.optimal_gpus(limit) if curve else None
 
     @property
     def models(self) -> list[str]:

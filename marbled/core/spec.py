@@ -166,14 +166,15 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
     if spec.model is None:
         raise SpecError("gpus", "without a 'model', give an explicit GPU count (e.g. gpus: 2)")
     curve = book.lookup(spec.model)
-    if curve is None:
+    best = book.demand(spec.model, node_gpus)
+    if best is None and curve is None:
         raise SpecError(
             "model",
             f"'{spec.model}' has no throughput curve in profile '{book.system}' "
             f"(known: {', '.join(book.models)}); give an explicit GPU count instead",
         )
-    best = curve.optimal_gpus(node_gpus)
     if best is None:
         raise SpecError("model", f"'{spec.model}' cannot run on any count up to {node_gpus} "
                                  f"GPUs (its profile in '{book.system}' rules them all out)")
-    return Sizing(best, malleable=True, max_share=curve.max_share if spec.nodes == 1 else 1)
+    share = curve.max_share if curve is not None and spec.nodes == 1 else 1
+    return Sizing(best, malleable=True, max_share=share)

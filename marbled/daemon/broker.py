@@ -13,17 +13,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import replace
 
 from marbled.batch.base import Launcher
 from marbled.core.admission import admit
 from marbled.core.decision import settle
 from marbled.core.errors import Never, NotFound, NotNow, Unavailable
+from marbled.core.learning import LearnedBook
 from marbled.core.model import Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
+from marbled.core.profiles import ThroughputCurve
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import holders
+from marbled.daemon.learner import Learner
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
@@ -44,8 +48,12 @@ class Broker:
         self._next_id = store.next_job_id()  # only this broker writes the store
         self.ledger = Ledger(store)
         self.files = JobFiles(config.state_dir)
+        self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
+                     if config.learning and self.state.nodes else config.book)
+        self.learner = Learner(self, self.book) if isinstance(self.book, LearnedBook) else None
         self.runs = Runs(config, launcher, self.ledger, self.files, self.clock, self.state,
-                         self.specs, self._spawn, self._launched, self._ended)
+                         self.specs, self._spawn, self._launched, self._ended,
+                         self.learner.observe if self.learner else lambda live, at: None)
         self.draining = False
         self.started_at = self.clock.time()
         self.sampler = None  # an NvmlSampler of the broker's node, when it has real GPUs
@@ -117,6 +125,8 @@ class Broker:
             self._every(self.config.sample_interval, self._sample_gpus)
         if self.policy.promotes and self.config.prestart == "ahead":
             self._every(self.config.monitor_interval, self._prestart_secondaries)
+        if self.learner:
+            self._every(self.config.learn_interval, self.learner.tick)
 
     def _every(self, interval: float, action) -> None:
         def tick() -> None:
@@ -148,16 +158,22 @@ class Broker:
         self.runs.standby.drop(job_id)
         self.ledger.job_ended(job_id, state, reason, self.clock.time())
 
+    def curve_of(self, job_id: int) -> ThroughputCurve | None:
+        """What the book knows of the job's model, on the broker's clock (an emulated job
+        trains at its profile's pace times --time-scale)."""
+        spec = self.specs[job_id]
+        curve = self.book.lookup(spec.model) if spec.model else None
+        scale = self.config.time_scale if spec.emulate else 1.0
+        return curve.in_time(scale) if curve else None
+
     def expected_end(self, job_id: int, started_at: float, start_step: int,
                      gpus: int, share: int = 1) -> float | None:
-        """When a run should end by its profile curve (None without a curve or a step count);
+        """When a run should end by its curve (None without a curve or a step count);
         policies that weigh the time left read it."""
-        spec = self.specs[job_id]
-        curve = self.config.book.lookup(spec.model) if spec.model else None
+        spec, curve = self.specs[job_id], self.state.jobs[job_id].curve
         if curve is None or not spec.steps:
             return None
-        scale = self.config.time_scale if spec.emulate else 1.0
-        return started_at + (spec.steps - start_step) / curve.throughput(gpus, share) * scale
+        return started_at + (spec.steps - start_step) / curve.throughput(gpus, share)
 
     # ------------------------------------------------------------ what runs tell
 
@@ -196,17 +212,25 @@ class Broker:
         """Accept all of `specs` or none; the stored rows, in order."""
         if self.draining:
             raise Unavailable("the broker is shutting down; submit to the next broker")
-        admitted = admit(specs, first_id=self._next_id, state=self.state,
-                         book=self.config.book, policy=self.policy, names=self.names)
+        admitted = admit(specs, first_id=self._next_id, state=self.state, book=self.book,
+                         policy=self.policy, names=self.names)
         rows = self.ledger.submitted(admitted, self.clock.time())
         for a in admitted:
-            self.specs[a.job.id] = a.spec
-            self.state.submit(a.job)
+            self.add(a.job, a.spec)
             if a.spec.name:
                 self.names[a.spec.name] = a.job.id
         self._next_id += len(admitted)
         self.wake()
         return rows
+
+    def add(self, job: Job, spec: JobSpec, done: int = 0) -> None:
+        """A job enters the state (at its submission, or rebuilt at a restart with `done`
+        steps checkpointed), with what the book knows of its model."""
+        self.specs[job.id] = spec
+        self.state.submit(replace(job, curve=self.curve_of(job.id),
+                                  steps_left=max(spec.steps - done, 0) if spec.steps else None))
+        if self.learner:
+            self.learner.track(job.id)
 
     def _job(self, job_id: int) -> Job:
         job = self.state.jobs.get(job_id)

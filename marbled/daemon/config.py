@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from marbled.core.learning import Learning
 from marbled.core.profiles import ProfileBook
 
 
@@ -31,3 +32,7 @@ class BrokerConfig:
     drain_before: float = 120.0
     retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure
     sample_interval: float = 10.0  # seconds between GPU samples (with a sampler)
+    # How the broker learns its models from their runs (None: only the profile, and a model
+    # the profile lacks is refused), and how often it samples the runs' progress.
+    learning: Learning | None = field(default_factory=Learning)
+    learn_interval: float = 30.0

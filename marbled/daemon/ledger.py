@@ -14,11 +14,21 @@ from types import SimpleNamespace
 from sqlalchemy import Connection, insert, select, update
 
 from marbled.core.admission import Admitted
+from marbled.core.measure import Sample
 from marbled.core.model import JobState, Start
-from marbled.store.db import EventRow, GpuSampleRow, JobRow, RunRow, Store, placement_columns
+from marbled.store.db import (
+    EventRow,
+    GpuSampleRow,
+    JobRow,
+    RunRow,
+    SampleRow,
+    Store,
+    placement_columns,
+)
 
-JOBS, RUNS, EVENTS, SAMPLES = (JobRow.__table__, RunRow.__table__, EventRow.__table__,
-                               GpuSampleRow.__table__)
+JOBS, RUNS, EVENTS, GPU_SAMPLES, SAMPLES = (
+    JobRow.__table__, RunRow.__table__, EventRow.__table__, GpuSampleRow.__table__,
+    SampleRow.__table__)
 
 
 class Ledger:
@@ -151,4 +161,12 @@ class Ledger:
                      mem_total=g.mem_total) for g in samples]
         if rows:
             with self._tx() as conn:
-                conn.execute(insert(SAMPLES), rows)
+                conn.execute(insert(GPU_SAMPLES), rows)
+
+    def samples(self, model: str, job_id: int, run_id: int, samples: list[Sample],
+                at: float) -> None:
+        """What a run measured of its model."""
+        with self._tx() as conn:
+            conn.execute(insert(SAMPLES), [dict(
+                at=at, model=model, kind=s.kind, gpus=s.gpus, share=s.share, value=s.value,
+                job_id=job_id, run_id=run_id) for s in samples])

@@ -75,6 +75,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
         os.close(lock_fd)
         raise StartupError(str(exc)) from None
     store.set_meta(policy=policy.name, profile=config.book.system,
+                   profile_ref=config.profile_ref,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
     broker = Broker(config, store, launcher, policy)

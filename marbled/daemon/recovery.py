@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
 
 def recover(broker: Broker) -> None:
+    if broker.learner:
+        broker.learner.replay()
     open_runs = {r.job_id: r for r in broker.store.runs() if r.ended_at is None}
     for row in broker.store.jobs():
-        broker.specs[row.id] = job_spec(row)
         if row.name:
             broker.names[row.name] = row.id
         state = JobState(row.state)
@@ -39,7 +40,7 @@ def recover(broker: Broker) -> None:
         run = open_runs.get(row.id)
         parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
         if state.holds_gpus and parts and all(n in broker.config.nodes for n, _ in parts):
-            _adopt(broker, job, state, run, parts)
+            _adopt(broker, job, job_spec(row), row.step, state, run, parts)
             continue
         if run is not None:
             broker.ledger.run_ended(
@@ -49,17 +50,16 @@ def recover(broker: Broker) -> None:
                        "suspended; resumes from its last checkpoint")
         if state.holds_gpus:
             state = JobState.SUSPENDED
-        broker.state.submit(replace(job, state=state))
+        broker.add(replace(job, state=state), job_spec(row), row.step)
     broker.wake()
 
 
-def _adopt(broker: Broker, job: Job, state: JobState, run, parts) -> None:
+def _adopt(broker: Broker, job: Job, spec, done: int, state: JobState, run, parts) -> None:
     (node, gpus), *others = parts
-    broker.state.submit(replace(
-        job, state=state, role=Role(run.role),
-        placement=Placement(node, gpus, tuple(others), run.share),
-        expected_end=broker.expected_end(job.id, run.started_at, run.start_step or 0,
-                                         len(gpus), run.share)))
+    broker.add(replace(job, state=state, role=Role(run.role),
+                       placement=Placement(node, gpus, tuple(others), run.share)), spec, done)
+    broker.state.expect(job.id, broker.expected_end(job.id, run.started_at, run.start_step or 0,
+                                                    len(gpus), run.share))
     run_dir = broker.files.dir(job.id)
     pid, pid_start = run.pid, run.pid_start
     if pid is None:  # the broker died before it could record the pid

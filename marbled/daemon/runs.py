@@ -40,6 +40,7 @@ class LiveRun:
     handle: RunHandle
     start_step: int
     reason: str | None = None  # why it is being suspended or stopped
+    asked_at: float | None = None  # when it was asked to suspend
     acked: dict | None = None
     escalated: bool = False  # SIGTERM/SIGKILL were needed
     cancel: bool = False
@@ -61,16 +62,19 @@ class Ended:
 
 
 class Runs:
-    """The runs of a broker's jobs. It reads the broker's `state` and `specs` and tells it
-    when a run has started (`on_launched`) and when one is over (`on_end`)."""
+    """The runs of a broker's jobs. It reads the broker's `state` and `specs`, and tells it
+    when a run has started (`on_launched`), what a run reported last (`observe`) and when
+    one is over (`on_end`)."""
 
     def __init__(self, config: BrokerConfig, launcher: Launcher, ledger: Ledger,
                  files: JobFiles, clock: Clock, state: State, specs: dict[int, JobSpec],
                  spawn: Callable[[Coroutine], asyncio.Task],
-                 on_launched: Callable[[int], None], on_end: Callable[[Ended], None]):
+                 on_launched: Callable[[int], None], on_end: Callable[[Ended], None],
+                 observe: Callable[[LiveRun, float], None] = lambda live, at: None):
         self.config, self.launcher, self.ledger = config, launcher, ledger
         self.files, self.clock, self.state, self.specs = files, clock, state, specs
         self._spawn, self._on_launched, self._on_end = spawn, on_launched, on_end
+        self._observe = observe  # sees every run's last progress as it ends
         self.live: dict[int, LiveRun] = {}
         self.launching: set[int] = set()  # jobs whose process is being started
         self._cancel_pending: set[int] = set()  # ... and that were cancelled meanwhile
@@ -167,7 +171,7 @@ class Runs:
             # A rigid job cannot checkpoint: stop it; it will start again from scratch.
             self.stop(live, reason)
             return
-        now = self.clock.time()
+        now = live.asked_at = self.clock.time()
         self.files.ask_to_suspend(job.id, live.run_id, now)
         live.handle.signal(signal.SIGTSTP)
         self.ledger.suspend_requested(job.id, live.run_id, reason, now)
@@ -271,6 +275,7 @@ class Runs:
             # restarted knew it had been asked to suspend.
             self._read_ack(live)
         live.clear_timers()
+        self._observe(live, self.clock.time())
         end, retry_at, extra = self.outcome(live, code)
         self._check_restored(live, extra)
         progress = extra.pop("_progress")

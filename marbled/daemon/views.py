@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from marbled.core.errors import NotFound
+from marbled.core.learning import LearnedBook
 from marbled.core.model import JobState
 from marbled.store.db import placement_parts
 
@@ -77,6 +78,13 @@ class Views:
         view["events"] = [{"at": e.at, "kind": e.kind, "run_id": e.run_id, "data": e.data}
                           for e in b.store.events(job_id)]
         return view
+
+    def curves(self, model: str | None = None) -> dict:
+        """Each model's curve: the profile's, what runs measured, what the broker believes."""
+        b = self.broker
+        book = b.book if isinstance(b.book, LearnedBook) else LearnedBook(b.book)
+        return {"profile": book.system, "learning": b.learner is not None,
+                "models": book.report(model)}
 
     def runs(self) -> dict:
         return {"runs": [run_view(r) for r in self.broker.store.runs()],

@@ -31,7 +31,7 @@ from sqlalchemy.pool import StaticPool
 
 from marbled.core.spec import JobSpec
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -43,6 +43,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: (),  # the gpu_samples table: a new table, made by create_all
     4: ("ALTER TABLE jobs ADD COLUMN max_share INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE runs ADD COLUMN share INTEGER NOT NULL DEFAULT 1"),
+    5: (),  # the samples table (what runs measured of their models): made by create_all
 }
 
 
@@ -127,6 +128,22 @@ class GpuSampleRow(Base):
     mem_total: Mapped[int] = mapped_column(Integer)
 
 
+class SampleRow(Base):
+    """What a run measured of its model: throughput at its GPU count, start-up, suspension.
+    The broker learns its curves from these (marbled.core.learning)."""
+
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    model: Mapped[str] = mapped_column(String(128), index=True)  # as the job named it
+    kind: Mapped[str] = mapped_column(String(16))  # throughput | startup | suspend
+    gpus: Mapped[int] = mapped_column(Integer)  # the run's GPU count (throughput)
+    share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    value: Mapped[float] = mapped_column(Float)  # steps/s or seconds (profiled)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    run_id: Mapped[int | None] = mapped_column(Integer)
+
+
 class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -183,6 +200,10 @@ class Store:
 
     def gpu_samples(self, job_id: int | None = None) -> list[GpuSampleRow]:
         return self._of_job(GpuSampleRow, job_id, GpuSampleRow.id)
+
+    def samples(self) -> list[SampleRow]:
+        """Every measurement of a model, oldest first."""
+        return self._of_job(SampleRow, None, SampleRow.id)
 
     def _of_job(self, row_type, job_id: int | None, *order) -> list:
         """Every row of `row_type` in `order`, or those of one job."""

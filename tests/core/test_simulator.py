@@ -137,3 +137,33 @@ def test_every_policy_trains_every_step_once_and_never_shares_a_gpu(policy):
     assert r.makespan >= r.lower_bound - 1e-9
     if policy in ("marble", "malleable", "timeslice", "elastic"):
         assert r.suspensions > 0  # the workload exercises their suspensions
+
+
+def test_each_models_own_costs_change_the_schedule():
+    """Start-up and suspend costs come from each model's profile entry (the global
+    overheads override them); a policy that weighs them reshapes only the cheap model."""
+    from marbled.core.profiles import ProfileBook
+
+    def book(startup: float) -> ProfileBook:
+        curve = {"steps_per_second": [1.0, 1.9, 2.7, 3.4, 4.0, 4.4]}
+        return ProfileBook.from_mapping({"system": "costs", "gpus_per_node": 6, "models": {
+            "cheap": curve, "dear": {**curve, "startup_s": startup, "suspend_s": 20.0}}})
+
+    jobs = [JobSpec(emulate=True, model=m, steps=2000) for m in ("cheap", "dear")]
+    free = Simulator(book(0.0), get_policy("rigid"), 6).run(jobs)
+    costly = Simulator(book(300.0), get_policy("rigid"), 6).run(jobs)
+    # each job runs once, alone on the node: only the dear model's own start-up is added
+    assert costly.jobs[1].completion == pytest.approx(free.jobs[1].completion)
+    assert costly.jobs[2].completion == pytest.approx(free.jobs[2].completion + 300.0)
+    overridden = Simulator(book(300.0), get_policy("rigid"), 6, launch_s=0.0,
+                           suspend_s=0.0).run(jobs)
+    assert overridden.makespan == pytest.approx(free.makespan)
+    # adaptive: both share the node; when the short 'cheap' job ends, 'dear' grows into its
+    # GPUs only if that pays for its suspend and start-up
+    jobs = [JobSpec(emulate=True, model="cheap", steps=500),
+            JobSpec(emulate=True, model="dear", steps=2000)]
+    result = Simulator(book(3000.0), get_policy("adaptive"), 6).run(jobs)
+    dear_runs = [r for r in result.runs if r.job == 2]
+    assert len(dear_runs) == 1, dear_runs  # never moved: a move would cost more than it saves
+    cheap_result = Simulator(book(0.0), get_policy("adaptive"), 6).run(jobs)
+    assert len([r for r in cheap_result.runs if r.job == 2]) > 1  # grows when that is free

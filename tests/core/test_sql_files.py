@@ -43,6 +43,7 @@ def _as_version_1(path) -> None:
     for column in ("nodes", "retries", "failures", "not_before", "max_share"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("DROP TABLE gpu_samples")
+    con.execute("DROP TABLE samples")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.commit()
     con.close()
@@ -67,10 +68,11 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
     assert (run.share, store.jobs()[0].max_share) == (1, 1)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "4"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "5"
     assert store.gpu_samples() == []  # the table of version 3 exists
+    assert store.samples() == []  # ... and that of version 5
     store.close()
-    assert migrate(path) == 4  # nothing left to do
+    assert migrate(path) == 5  # nothing left to do
 
 
 def test_a_newer_state_directory_is_refused_untouched(tmp_path):

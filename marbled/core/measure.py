@@ -1,0 +1,76 @@
+"""What a run tells about its model: throughput, start-up and suspend costs (pure).
+
+Jobs report their progress (step, time, and when each start-up phase ended);
+the broker keeps the last report of each run it read. From two reports of one
+run, after its first step, comes the run's throughput over that window; from the
+first step's time, its start-up; from the acknowledgement and the exit, what a
+suspension cost. Times are the job's wall clock; `scale` turns them into the
+profile's seconds (an emulated job runs `scale` real seconds per profiled one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_WINDOW_S = 1.0  # profiled seconds of training a throughput sample covers at least
+MIN_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Point:
+    """One progress report of a run: `step` reached at `time`."""
+
+    step: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    kind: str  # 'throughput' (steps/s), 'startup' or 'suspend' (seconds)
+    value: float
+    gpus: int = 0  # for throughput: the run's GPU count
+    share: int = 1
+
+
+def training_point(progress: dict) -> Point | None:
+    """The report as a point of the training phase (None before the first step)."""
+    phases = progress.get("phases") or {}
+    if "first_step" not in phases or "step" not in progress or "time" not in progress:
+        return None
+    return Point(int(progress["step"]), float(progress["time"]))
+
+
+def first_point(progress: dict) -> Point | None:
+    """Where the training phase began: the first step, at its time."""
+    phases = progress.get("phases") or {}
+    start = progress.get("start_step")
+    if "first_step" not in phases or start is None:
+        return None
+    return Point(int(start) + 1, float(phases["first_step"]))
+
+
+def throughput(since: Point, now: Point, gpus: int, share: int, scale: float
+               ) -> Sample | None:
+    """Steps per profiled second between two points of one run, if the window is long
+    enough to say anything."""
+    steps, seconds = now.step - since.step, (now.time - since.time) / scale
+    if steps < MIN_STEPS or seconds < MIN_WINDOW_S:
+        return None
+    return Sample("throughput", steps / seconds, gpus, share)
+
+
+def startup(progress: dict, scale: float) -> Sample | None:
+    """Launch to first step, in profiled seconds (a prestarted run's wait for its go file
+    is not start-up: it is counted from the go)."""
+    phases = progress.get("phases") or {}
+    begin = phases.get("go", phases.get("launch"))
+    if begin is None or "first_step" not in phases:
+        return None
+    return Sample("startup", max(phases["first_step"] - begin, 0.0) / scale)
+
+
+def suspension(asked_at: float | None, ended_at: float, scale: float) -> Sample | None:
+    """SIGTSTP to exit, in profiled seconds."""
+    if asked_at is None:
+        return None
+    return Sample("suspend", max(ended_at - asked_at, 0.0) / scale)

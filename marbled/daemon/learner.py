@@ -1,0 +1,93 @@
+"""What the broker learns from its runs, and how later decisions use it.
+
+Every `learn_interval` and at each run's end, the progress a run reported gives
+samples of its model (`core.measure`): throughput over the window since the last
+sample, start-up once per run, and what an acknowledged suspension took. They
+go to the store (the `samples` table, so they survive a restart) and to the
+learned book (`core.learning`), which then names each model's curve and the count
+its next run should use. The model's waiting jobs take that count and curve at
+once; a running one whose count is now below it becomes a secondary, so a policy
+that promotes (MARBLE) moves it up when GPUs free: how a model no profile knew is
+explored, one doubling at a time, while each pays.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from marbled.core.learning import LearnedBook
+from marbled.core.measure import (
+    Point,
+    Sample,
+    first_point,
+    startup,
+    suspension,
+    throughput,
+    training_point,
+)
+from marbled.core.profiles import model_key
+
+if TYPE_CHECKING:
+    from marbled.daemon.broker import Broker
+    from marbled.daemon.runs import LiveRun
+
+
+class Learner:
+    def __init__(self, broker: Broker, book: LearnedBook):
+        self.broker, self.book = broker, book
+        self._last: dict[int, Point] = {}  # run id -> where its last sample ended
+        self._started: set[int] = set()  # runs whose start-up is counted
+        self._jobs: dict[str, set[int]] = {}  # model key -> its resizable jobs
+
+    def replay(self) -> None:
+        """Learn again what the store holds (at a broker's start)."""
+        for row in self.broker.store.samples():
+            self.book.record(row.model, row.kind, row.value, row.gpus)
+
+    def track(self, job_id: int) -> None:
+        """A job whose count follows what is learned of its model."""
+        spec = self.broker.specs[job_id]
+        if spec.model and spec.gpus is None and spec.nodes == 1:
+            self._jobs.setdefault(model_key(spec.model), set()).add(job_id)
+
+    def tick(self) -> None:
+        for live in list(self.broker.runs.live.values()):
+            self.observe(live, None)
+
+    def observe(self, live: LiveRun, ended_at: float | None) -> None:
+        """Sample the run's last progress report; `ended_at`: it has just exited."""
+        b = self.broker
+        spec, job = b.specs[live.job_id], b.state.jobs[live.job_id]
+        if not spec.model or job.placement is None or job.nodes > 1:
+            return
+        progress = b.files.progress(live.job_id, live.run_id)
+        scale = b.config.time_scale if spec.emulate else 1.0
+        samples: list[Sample] = []
+        if live.run_id not in self._started and (first := startup(progress, scale)):
+            self._started.add(live.run_id)
+            samples.append(first)
+        now = training_point(progress)
+        since = self._last.get(live.run_id) or first_point(progress)
+        if now and since and (
+                sample := throughput(since, now, len(job.gpus), job.placement.share, scale)):
+            samples.append(sample)
+            self._last[live.run_id] = now
+        if ended_at is not None:
+            if live.acked and (cost := suspension(live.asked_at, ended_at, scale)):
+                samples.append(cost)
+            self._last.pop(live.run_id, None)
+            self._started.discard(live.run_id)
+        if samples:
+            self._learn(spec.model, live, samples)
+
+    def _learn(self, model: str, live: LiveRun, samples: list[Sample]) -> None:
+        b = self.broker
+        b.ledger.samples(model, live.job_id, live.run_id, samples, b.clock.time())
+        for s in samples:
+            if s.kind != "throughput" or s.share == 1:  # shared runs: the profile's figures
+                self.book.record(model, s.kind, s.value, s.gpus)
+        demand = self.book.demand(model, b.state.max_node_size)
+        for job_id in self._jobs.get(model_key(model), ()):
+            if not b.state.jobs[job_id].state.finished:
+                b.state.resize(job_id, demand, b.curve_of(job_id))
+        b.wake()
