@@ -74,3 +74,47 @@ def suspension(asked_at: float | None, ended_at: float, scale: float) -> Sample 
     if asked_at is None:
         return None
     return Sample("suspend", max(ended_at - asked_at, 0.0) / scale)
+
+
+def window_rates(points: list[Point], warmup: int, windows: int) -> list[float]:
+    """Steps per second in `windows` consecutive windows of the points after step `warmup`
+    (each window a run of points, as equal in steps as the reports allow)."""
+    steady = [p for p in points if p.step >= warmup]
+    if len(steady) < 2:
+        return []
+    span = steady[-1].step - steady[0].step
+    edges = [steady[0].step + span * k / windows for k in range(windows + 1)]
+    rates, start = [], steady[0]
+    for edge in edges[1:]:
+        end = next((p for p in steady if p.step >= edge), steady[-1])
+        if end.step > start.step and end.time > start.time:
+            rates.append((end.step - start.step) / (end.time - start.time))
+            start = end
+    return rates
+
+
+def fill_curve(measured: dict[int, float], counts: int) -> list[float]:
+    """Steps/s on 1..counts GPUs from the counts measured: those as they are, the others from
+    the scaling model fitted to them (three counts or more), else by straight lines between
+    neighbours (flat beyond the ends)."""
+    from marbled.core.learning import fit_scaling, scaled
+
+    coef = fit_scaling(measured)
+    known = sorted(measured)
+    out = []
+    for g in range(1, counts + 1):
+        if g in measured:
+            out.append(measured[g])
+            continue
+        fitted = scaled(coef, g) if coef else None
+        if fitted is not None:
+            out.append(fitted)
+            continue
+        low = max((k for k in known if k < g), default=None)
+        high = min((k for k in known if k > g), default=None)
+        if low is None or high is None:
+            out.append(measured[low if high is None else high])
+        else:
+            frac = (g - low) / (high - low)
+            out.append(measured[low] + frac * (measured[high] - measured[low]))
+    return out

@@ -62,7 +62,7 @@ def run(proto: JobProtocol, argv: list[str] | None = None) -> int:
         return 2
     proto.ready()
     gpus = max(proto.gpus, 1)
-    proto.report_interval = 0.25
+    proto.report_interval = min(proto.report_interval, 0.25)
     step_seconds = args.time_scale / curve.throughput(gpus, proto.share)
     ckpt_path = proto.checkpoint_dir / CHECKPOINT
     saved = int((read_json(ckpt_path) or {}).get("step", 0))

@@ -10,6 +10,7 @@ The broker starts every run with:
   MARBLE_LAUNCH_TIME             when the broker launched this run (Unix time)
   CUDA_VISIBLE_DEVICES, MARBLE_GPUS   the GPUs of this run, and how many
   MARBLE_GPU_SHARE               n > 1: the run has 1/n of its one GPU (shared with others)
+  MARBLE_REPORT_INTERVAL         seconds between progress reports (marble profile: short)
 
 Suspension: the broker writes `suspend.json` (naming the run) and sends SIGTSTP
 to the job's process group. The handler only sets a flag. At the next step
@@ -135,6 +136,8 @@ class JobProtocol:
         )
         with contextlib.suppress(ValueError):
             proto.phases["launch"] = float(env.get("MARBLE_LAUNCH_TIME", ""))
+        with contextlib.suppress(KeyError, ValueError):  # marble profile: frequent reports
+            proto.report_interval = float(env["MARBLE_REPORT_INTERVAL"])
         proto.mark("python")
         return proto
 

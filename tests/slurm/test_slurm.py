@@ -274,3 +274,28 @@ def test_allocation_gone_while_the_broker_was_dead_loses_no_job(daemon_factory, 
         "SELECT data FROM events WHERE kind = 'suspended'")]
     assert sum("left with its allocation" in d for d in closed) >= 2
     assert db_rows(state / "marble.db", JOBS) == JOBSET3_DONE
+
+
+def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):
+    """`marble profile` in an allocation: every count (and the resume) is its own job step on
+    the node, with the GPUs Slurm gave it, and the curve comes out of those steps."""
+    job = allocate(*ONE_NODE)
+    work = tmp_path / "work"
+    out = subprocess.run(
+        [sys.executable, "-m", "marbled.cli.client_cmd", "profile", "--model", "resnet-50",
+         "--launcher", "slurm", "--gpus", "1-3", "--steps", "60", "--time-scale", "0.01",
+         "--workdir", str(work), "--output", str(tmp_path / "p.yaml"), "--json", "--",
+         sys.executable, "-m", "marbled.worker.emulate", "--profile", "summit-v100",
+         "--time-scale", "0.01"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "SLURM_JOB_ID": job})
+    assert out.returncode == 0, out.stderr
+    steps = {}
+    for g in (1, 2, 3):
+        info = json.loads((work / "resnet-50" / f"{g}-gpus" / "slurm-step.json").read_text())
+        assert info["job_id"] == job and info["node"] == "n1"
+        assert len(info["gpus"].split(",")) == g  # SLURM_STEP_GPUS: Slurm's own choice
+        steps[g] = info["step_id"]
+    assert len(set(steps.values())) == 3
+    result = json.loads(out.stdout)
+    measured = {c["gpus"]: c["steps_per_second"] for c in result["counts"]}
+    assert measured[2] > measured[1] * 1.5  # the curve of resnet-50 (3.35, 6.02, 6.53)
