@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from marbled.core.decision import settle
+from marbled.core.learning import LearnedBook, Learning
 from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ProfileBook, ThroughputCurve
@@ -156,6 +157,20 @@ def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
     return max(longest, start + gpu_time / (gpus_per_node * nodes))
 
 
+def _next_at(heap: list, live: dict) -> float | None:
+    """When the next event that still counts happens (stale ones are skipped)."""
+    while heap and heap[0][3] != "tick" and (
+            heap[0][2] not in live or heap[0][1] != live[heap[0][2]].version):
+        heapq.heappop(heap)
+    return heap[0][0] if heap and heap[0][3] != "tick" else None
+
+
+def _as_run(spec: JobSpec) -> JobSpec:
+    """A workload's job as the simulator runs it: its training is simulated, not emulated,
+    so a model the policy's profile lacks is sized as the daemon sizes it."""
+    return replace(spec, emulate=False, command=spec.command or ("simulated",))
+
+
 def _cost(override: float | None, own: float | None) -> float:
     return float(override if override is not None else own or 0.0)
 
@@ -176,6 +191,10 @@ class _Live:
 
 @dataclass
 class Simulator:
+    """`book` is what the policy is told; `truth` (default: the same) how fast runs really
+    train and what they really cost; with `learning`, decisions learn from the runs as the
+    daemon does (a run tells its model's throughput at its count when it ends)."""
+
     book: ProfileBook
     policy: Policy
     gpus_per_node: int
@@ -183,31 +202,36 @@ class Simulator:
     launch_s: float | None = None  # None: each model's startup_s (0 if its profile has none)
     suspend_s: float | None = None
     runs: list[SimRun] = field(default_factory=list)
+    truth: ProfileBook | None = None
+    learning: Learning | None = None
 
-    def _costed(self, curve: ThroughputCurve) -> ThroughputCurve:
+    def _costed(self, curve: ThroughputCurve | None) -> ThroughputCurve | None:
         """The curve with the costs this simulation charges its runs."""
-        return replace(curve, startup_s=_cost(self.launch_s, curve.startup_s),
-                       suspend_s=_cost(self.suspend_s, curve.suspend_s))
+        return curve and replace(curve, startup_s=_cost(self.launch_s, curve.startup_s),
+                                 suspend_s=_cost(self.suspend_s, curve.suspend_s))
 
     def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
         arrivals = sorted(
             (w if isinstance(w, Arrival) else Arrival(0.0, w) for w in workload),
             key=lambda a: a.at)
+        truth = self.truth or self.book
+        told = LearnedBook(self.book, self.learning, self.gpus_per_node) if self.learning \
+            else self.book
         for i, a in enumerate(arrivals, start=1):
             where = a.where or f"job {i}"
             if a.spec.model is None or a.spec.steps is None:
                 raise WorkloadError(where, "model" if a.spec.model is None else "steps",
                                     "the simulator needs a profiled model and a step count "
                                     "for every job")
-            if self.book.lookup(a.spec.model) is None:
+            if truth.lookup(a.spec.model) is None:
                 raise WorkloadError(where, "model", f"'{a.spec.model}' is not in profile "
-                                    f"'{self.book.system}', which has "
-                                    f"{', '.join(self.book.models)}")
+                                    f"'{truth.system}', which has "
+                                    f"{', '.join(truth.models)}")
             if a.spec.nodes > 1:
                 raise WorkloadError(where, "nodes", "the simulator models single-node jobs "
                                                     "(profiles have no multi-node curves)")
             try:
-                size_job(a.spec, self.book, self.gpus_per_node)
+                size_job(_as_run(a.spec), told, self.gpus_per_node)
             except SpecError as exc:
                 raise WorkloadError(where, exc.field, exc.message) from None
         names = [f"node{i}" for i in range(self.nodes)]
@@ -224,39 +248,56 @@ class Simulator:
         t = 0.0
         next_arrival = 0
 
+        of_model: dict[str, list[int]] = {}  # model -> its jobs, for what is learned
+
         def end_run(job_id: int, reason: str, at_step: float) -> None:
             lv = live.pop(job_id)
             job = state.jobs[job_id]
             self.runs.append(SimRun(job_id, job.placement.node, job.gpus, job.role,
                                     lv.run_start, t, round(lv.start_step), round(at_step),
                                     reason, job.placement.share))
+            if self.learning and t > lv.progress_from and job.placement.share == 1:
+                model = arrivals[job_id - 1].spec.model
+                told.record(model, "throughput", lv.rate, len(job.gpus))
+                demand = told.demand(model, self.gpus_per_node)
+                for other in of_model[model]:
+                    state.resize(other, demand, self._costed(told.lookup(model)))
 
+        together = False
         while True:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
                 a = arrivals[next_arrival]
                 next_arrival += 1
-                sizing = size_job(a.spec, self.book, self.gpus_per_node)
+                sizing = size_job(_as_run(a.spec), told, self.gpus_per_node)
                 state.submit(Job(next_arrival, sizing.demand, sizing.malleable,
                                  tuple(x for x in a.spec.after if isinstance(x, int)),
                                  max_share=sizing.max_share,
-                                 curve=self._costed(self.book.lookup(a.spec.model)),
+                                 curve=self._costed(told.lookup(a.spec.model)),
                                  steps_left=float(a.spec.steps)))
+                of_model.setdefault(a.spec.model, []).append(next_arrival)
                 done[next_arrival] = 0.0
-            for action, job in settle(self.policy, state, t):
+            # Ends at one instant are taken together before the policy decides, as the daemon
+            # sees the exits that come together in one wake.
+            for action, job in (() if together else settle(self.policy, state, t)):
                 if isinstance(action, Start):
                     spec = arrivals[job.id - 1].spec
-                    rate = self.book.lookup(spec.model).throughput(len(action.gpus),
-                                                                   action.share)
+                    real = self._costed(truth.lookup(spec.model))
+                    rate = real.throughput(len(action.gpus), action.share)
                     held = len(action.gpus) / action.share
                     version += 1
-                    lv = _Live(t, t + job.curve.startup_s, done[job.id], rate, version,
-                               job.curve.suspend_s)
+                    lv = _Live(t, t + real.startup_s, done[job.id], rate, version,
+                               real.suspend_s)
                     live[job.id] = lv
                     first_start.setdefault(job.id, t)
-                    overhead += job.curve.startup_s * held
-                    finish = lv.progress_from + (spec.steps - lv.start_step) / rate
+                    overhead += real.startup_s * held
+                    left = spec.steps - lv.start_step
+                    finish = lv.progress_from + left / rate
                     heapq.heappush(heap, (finish, version, job.id, "done"))
-                    state.expect(job.id, finish)
+                    # what the policy expects: the curve it was told (the truth, unless a
+                    # profile is wrong)
+                    told_rate = job.curve.throughput(len(action.gpus), action.share) \
+                        if job.curve and job.curve.possible(len(action.gpus)) else rate
+                    state.expect(job.id, lv.progress_from + left / told_rate)
                 elif isinstance(action, Suspend):
                     lv = live[job.id]
                     lv.stop_at = t + lv.suspend_s
@@ -275,9 +316,7 @@ class Simulator:
             if tick is not None and tick > t and tick != pending_tick:
                 heapq.heappush(heap, (tick, -1, 0, "tick"))  # decide again then
                 pending_tick = tick
-            while heap and heap[0][3] != "tick" and (
-                    heap[0][2] not in live or heap[0][1] != live[heap[0][2]].version):
-                heapq.heappop(heap)  # a stale event: the run was suspended or replaced
+            _next_at(heap, live)  # drop stale events: runs suspended or replaced since
             arrive_at = arrivals[next_arrival].at if next_arrival < len(arrivals) else math.inf
             if heap and heap[0][0] <= arrive_at:
                 t, _, who, what = heapq.heappop(heap)
@@ -301,6 +340,7 @@ class Simulator:
                 overhead += lv.suspend_s * len(p.gpus) / p.share
                 end_run(who, "suspended", reached)
                 state.suspended(who, steps_left=arrivals[who - 1].spec.steps - reached)
+            together = _next_at(heap, live) == t  # the daemon would see them in one wake
 
         stats = {
             i: JobStats(i, a.spec.model, a.spec.steps, a.at, first_start.get(i, a.at),
@@ -308,5 +348,5 @@ class Simulator:
             for i, a in enumerate(arrivals, start=1)
         }
         return SimResult(self.policy.name, self.runs, stats, self.gpus_per_node * self.nodes,
-                         overhead, lower_bound(self.book, arrivals, self.gpus_per_node,
+                         overhead, lower_bound(truth, arrivals, self.gpus_per_node,
                                                self.nodes))

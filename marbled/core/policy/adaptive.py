@@ -218,6 +218,7 @@ class AdaptivePolicy(Policy):
             spare -= item.low * item.nodes
             waiting.append(item)
         candidate = self._candidate(running, waiting, room)
+        as_now = running  # the next decision sees every job that is not moved as now
         for _ in range(len(running) + 1):
             plan = self._settle(running, waiting, room, candidate)
             moved = [i for i in running if not i.fixed and plan.get(i.id) != ((i.home,),
@@ -227,7 +228,7 @@ class AdaptivePolicy(Policy):
             # Suspended, they are planned as waiting jobs next: one that would get its count
             # back is left running instead.
             gone = {i.id for i in moved}
-            after = self._settle([i for i in running if i.id not in gone],
+            after = self._settle([i for i in as_now if i.id not in gone],
                                  sorted([*waiting, *(replace(i, count=0, home=None)
                                                      for i in moved)], key=lambda i: i.id),
                                  room, candidate)

@@ -59,7 +59,8 @@ class MalleableEquipartition(Policy):
             for g in p.gpus:
                 gpus = free.setdefault(p.node, {})
                 gpus[g] = gpus.get(g, 0) + UNITS // p.share
-        free = in_node_order(state, free)
+        everything = in_node_order(state, free)
+        free = {n: dict(gpus) for n, gpus in everything.items()}
         waiting = list(fifo_candidates(state, now))
         kept: set[int] = set()  # running jobs a reshape would give back their own count
         for _ in range(len(movable) + 1):
@@ -71,10 +72,11 @@ class MalleableEquipartition(Policy):
                 # Nobody moves: the waiting jobs of the plan start on the free GPUs.
                 return [grants[i].start(state.jobs[i]) for i in sorted(grants)
                         if state.jobs[i].placement is None]
-            # Once they are suspended, the next decision plans them as waiting jobs: one it
-            # would give its count back to is left running instead.
-            after = self._plan(waiting, running, free, [j for j in running
-                                                         if j not in reshaped])
+            # Once they are suspended, the next decision plans them as waiting jobs (and
+            # every other movable job as running): one it would give its count back to is
+            # left running instead.
+            after = self._plan(waiting, movable, everything,
+                               [j for j in movable if j not in reshaped])
             back = {j.id for j in reshaped if _count(after.get(j.id)) == _count(j.placement)}
             if not back:
                 return [Suspend(j.id, None, "equipartition") for j in reshaped]
