@@ -32,7 +32,7 @@ from pathlib import Path
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
-from marbled.resources import PROJECT_ROOT, load_job_file
+from marbled.resources import load_job_file, workload_path
 
 FINAL = {"done", "failed", "cancelled"}
 
@@ -50,7 +50,7 @@ class ChaosResult:
 def workload(logs: Path, time_scale: float) -> list[dict]:
     jobs = []
     for n in (3, 2):
-        for spec in load_job_file(PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml"):
+        for spec in load_job_file(workload_path(f"paper-jobset{n}")):
             log = logs / f"job{len(jobs) + 1}.steps"
             jobs.append({"model": spec.model, "steps": spec.steps, "command": [
                 sys.executable, "-m", "marbled.worker.emulate", "--time-scale", str(time_scale),

@@ -31,7 +31,7 @@ from pathlib import Path
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
-from marbled.resources import PROJECT_ROOT, load_job_file
+from marbled.resources import load_job_file, workload_path
 
 
 def allocate() -> str:
@@ -104,7 +104,7 @@ def figures(db: Path, scale: float) -> dict:
 
 
 def makespan(client: BrokerClient, scale: float) -> float:
-    specs = load_job_file(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")
+    specs = load_job_file(workload_path("paper-jobset3"))
     ids = [j["id"] for j in client.post("/v1/jobs", {"jobs": [s.to_mapping() for s in specs]})
            ["jobs"]]
     wait(lambda: all(client.get(f"/v1/jobs/{i}")["state"] == "done" for i in ids), 300)

@@ -31,8 +31,9 @@ from pathlib import Path
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
-from marbled.resources import PROJECT_ROOT
 from marbled.worker.protocol import PROGRESS_FILE, read_json
+
+REPO = Path(__file__).resolve().parent.parent  # jobscripts/ is not in the package
 
 SCRIPTS = {"tf": "train_tf.py", "torch": "train_torch.py"}
 PHASES = ("python", "imported", "built", "restored", "first_step")
@@ -68,7 +69,7 @@ def checkpoint_bytes(ckpt_dir: Path) -> int:
 
 def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float,
             job_args: tuple[str, ...] = ()) -> dict:
-    script = PROJECT_ROOT / "jobscripts" / SCRIPTS[framework]
+    script = REPO / "jobscripts" / SCRIPTS[framework]
     model = "lenet" if arch == "lenet" else "resnet-50"
     with tempfile.TemporaryDirectory(prefix="marble-bench-") as tmp:
         state = Path(tmp) / "state"

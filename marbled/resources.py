@@ -13,13 +13,13 @@ from marbled.core.learning import LearnedBook, Learning
 from marbled.core.profiles import ProfileBook, ProfileError
 from marbled.core.spec import JobSpec, SpecError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent  # the package: profiles/, workloads/ and sql/ ship in it
 DEFAULT_PROFILE = "summit-v100"
 
 
 def profile_dirs() -> list[Path]:
     extra = [Path(p) for p in os.environ.get("MARBLE_PROFILE_PATH", "").split(":") if p]
-    return [*extra, PROJECT_ROOT / "profiles"]
+    return [*extra, DATA / "profiles"]
 
 
 def find_profile(name_or_path: str) -> Path:
@@ -125,7 +125,12 @@ def workload_path(name: str) -> Path:
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".csv") or path.exists():
         return path
-    return PROJECT_ROOT / "workloads" / f"{name}.yaml"
+    return DATA / "workloads" / f"{name}.yaml"
+
+
+def sql_path(name: str) -> Path:
+    """One of the SQL files for centre staff (schema.sql, reports.sql)."""
+    return DATA / "sql" / name
 
 
 class JobFileError(ValueError):

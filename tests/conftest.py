@@ -17,6 +17,15 @@ from marbled.cli.client import BrokerClient, wait_until_serving
 from marbled.paths import DB_NAME, socket_path
 
 FINAL = {"done", "failed", "cancelled"}
+TIERS = ("core", "broker", "integration", "frameworks", "slurm", "lsf", "packaging")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Each test carries its tier's marker (its directory): `pytest -m core`, `-m "not slurm"`."""
+    for item in items:
+        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @dataclass

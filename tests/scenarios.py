@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from marbled.cli.client import BrokerClient, BrokerUnreachable
-from marbled.resources import PROJECT_ROOT, load_job_file
+from marbled.resources import load_job_file, workload_path
 
 # paper job set 3 (Figure 5), every job done at exactly its steps
 JOBSET3_DONE = [(1, "done", 900), (2, "done", 2000), (3, "done", 800)]
@@ -15,7 +15,7 @@ JOBS = "SELECT id, state, step FROM jobs ORDER BY id"
 
 
 def jobset(n: int) -> list[dict]:
-    path = PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml"
+    path = workload_path(f"paper-jobset{n}")
     return [s.to_mapping() for s in load_job_file(path)]
 
 

@@ -43,11 +43,11 @@ def test_congestion_gives_p_min_and_rigid_jobs_their_count():
 
 
 def test_moldable_beats_rigid_and_never_suspends_in_the_simulator():
-    from marbled.resources import PROJECT_ROOT, load_profile
+    from marbled.resources import load_profile, workload_path
     from marbled.sim.engine import Simulator
     from marbled.sim.workloads import from_job_file
 
-    arrivals = from_job_file(PROJECT_ROOT / "workloads" / "paper-jobset1.yaml")
+    arrivals = from_job_file(workload_path("paper-jobset1"))
     book = load_profile()
     moldable = Simulator(book, get_policy("moldable"), 6).run(arrivals)
     rigid = Simulator(book, get_policy("rigid"), 6).run(arrivals)

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from marbled.core.profiles import ProfileBook, ProfileError, ThroughputCurve, model_key
-from marbled.resources import PROJECT_ROOT, load_job_file, load_profile
+from marbled.resources import load_job_file, load_profile, workload_path
 
 PAPER_MODELS = ("resnet-50", "inception-v3", "resnet-101", "vgg-16")
 NODE = 6
@@ -76,7 +76,7 @@ def test_models_that_degrade_on_six_gpus(book, model):
 
 @pytest.mark.parametrize(("jobset", "seconds"), [(1, 958.0), (2, 940.0), (3, 707.0)])
 def test_lsf_baseline_of_the_paper_job_sets(book, jobset, seconds):
-    specs = load_job_file(PROJECT_ROOT / "workloads" / f"paper-jobset{jobset}.yaml")
+    specs = load_job_file(workload_path(f"paper-jobset{jobset}"))
     assert len(specs) == 3
     total = sum(spec.steps / book.lookup(spec.model).throughput(6) for spec in specs)
     assert total == pytest.approx(seconds, rel=0.01)

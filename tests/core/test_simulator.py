@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from marbled.cli.client_cmd import main as marble
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.spec import JobSpec
-from marbled.resources import PROJECT_ROOT, load_profile
+from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
 from marbled.sim.report import gpu_rows
 from marbled.sim.workloads import Arrival, from_job_file, poisson
 
 BOOK = load_profile("summit-v100")
-JOBSET3 = from_job_file(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")
+JOBSET3 = from_job_file(workload_path("paper-jobset3"))
 MIX = {"resnet-50": 1.0, "inception-v3": 1.0, "vgg-16": 1.0}
 
 

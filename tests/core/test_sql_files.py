@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from marbled.resources import PROJECT_ROOT
+from marbled.resources import sql_path
 from marbled.store.db import SCHEMA_VERSION, SchemaError, Store, migrate
 
 
@@ -21,14 +21,14 @@ def test_schema_sql_mirrors_the_store(tmp_path):
     store.close()
     orm = sqlite3.connect(tmp_path / "orm.db")
     doc = sqlite3.connect(":memory:")
-    doc.executescript((PROJECT_ROOT / "sql" / "schema.sql").read_text())
+    doc.executescript(sql_path("schema.sql").read_text())
     assert _columns(doc) == _columns(orm)
 
 
 def test_staff_reports_run_on_a_store(tmp_path):
     Store(tmp_path / "marble.db").close()
     con = sqlite3.connect(tmp_path / "marble.db")
-    for query in (PROJECT_ROOT / "sql" / "reports.sql").read_text().split(";"):
+    for query in sql_path("reports.sql").read_text().split(";"):
         if query.strip() and not all(
             line.startswith("--") for line in query.strip().splitlines()
         ):

@@ -7,7 +7,7 @@ import pytest
 from marbled.core.model import Job, JobState, Placement, Role, Start, State, Suspend
 from marbled.core.policy import get_policy
 from marbled.core.spec import JobSpec
-from marbled.resources import PROJECT_ROOT, load_job_file, load_profile
+from marbled.resources import load_job_file, load_profile, workload_path
 from marbled.sim.engine import SimResult, SimRun, Simulator
 
 
@@ -21,7 +21,7 @@ def simulate(book, policy: str, specs: list[JobSpec]) -> SimResult:
 
 
 def jobset(n: int) -> list[JobSpec]:
-    return load_job_file(PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml")
+    return load_job_file(workload_path(f"paper-jobset{n}"))
 
 
 def runs_of(result: SimResult, job: int) -> list[SimRun]:

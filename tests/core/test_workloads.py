@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from marbled.core.spec import JobSpec
-from marbled.resources import PROJECT_ROOT, load_job_file
+from marbled.resources import load_job_file, workload_path
 from marbled.sim.workloads import (
     Arrival,
     StoreTrace,
@@ -37,7 +37,7 @@ PAPER = {
 
 
 def jobset(n: int):
-    return PROJECT_ROOT / "workloads" / f"paper-jobset{n}.yaml"
+    return workload_path(f"paper-jobset{n}")
 
 
 @pytest.mark.parametrize("n", sorted(PAPER))

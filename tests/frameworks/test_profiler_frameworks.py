@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from marbled.resources import PROJECT_ROOT, load_profile
+from marbled.resources import load_profile
+from tests import REPO
 
 pytestmark = pytest.mark.daemon
-JOBSCRIPTS = PROJECT_ROOT / "jobscripts"
+JOBSCRIPTS = REPO / "jobscripts"
 
 
 @pytest.mark.parametrize(("framework", "script", "extra"), [

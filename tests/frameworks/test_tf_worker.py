@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from marbled.resources import PROJECT_ROOT
+from tests import REPO
 
 pytestmark = [
     pytest.mark.daemon,
@@ -23,7 +23,7 @@ pytestmark = [
                        reason="TensorFlow is not installed (make test installs it)"),
 ]
 
-TRAIN_TF = str(PROJECT_ROOT / "jobscripts" / "train_tf.py")
+TRAIN_TF = str(REPO / "jobscripts" / "train_tf.py")
 FILLER = {"gpus": 3, "command": ["sleep", "600"], "name": "filler"}
 
 

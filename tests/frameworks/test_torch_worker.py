@@ -17,11 +17,11 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from marbled.resources import PROJECT_ROOT  # noqa: E402
 from marbled.worker.protocol import ACK_FILE, PROGRESS_FILE, JobProtocol, read_json  # noqa: E402
 from marbled.worker.torch import CheckpointError, TorchCheckpoint  # noqa: E402
+from tests import REPO  # noqa: E402
 
-TRAIN = str(PROJECT_ROOT / "jobscripts" / "train_torch.py")
+TRAIN = str(REPO / "jobscripts" / "train_torch.py")
 # One thread: float sums depend on how the work is split, and two jobs share 2 cores.
 LENET = [sys.executable, TRAIN, "--arch", "lenet", "--threads", "1"]
 

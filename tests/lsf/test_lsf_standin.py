@@ -42,7 +42,8 @@ from marbled.batch.lsf import (
 )
 from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
-from marbled.resources import PROJECT_ROOT
+from marbled.resources import workload_path
+from tests import REPO
 from tests.scenarios import (
     JOBS,
     JOBSET3_DONE,
@@ -402,7 +403,7 @@ def test_jsrun_standin_two_hosts_every_run_where_the_broker_put_it(daemon_factor
 
 # ------------------------------------------------------------------ the bsub script
 
-BSUB_SCRIPT = PROJECT_ROOT / "contrib" / "lsf" / "marble.bsub"
+BSUB_SCRIPT = REPO / "contrib" / "lsf" / "marble.bsub"
 
 
 def _bsub_run(tmp_path: Path, opts: str = "") -> subprocess.Popen:
@@ -412,7 +413,7 @@ def _bsub_run(tmp_path: Path, opts: str = "") -> subprocess.Popen:
            "MARBLE_WAIT_INTERVAL": "0.5"}
     env.pop("MARBLE_STATE_DIR", None)
     return subprocess.Popen(
-        ["bash", str(BSUB_SCRIPT), str(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")],
+        ["bash", str(BSUB_SCRIPT), str(workload_path("paper-jobset3"))],
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
 

@@ -20,7 +20,8 @@ import pytest
 from marbled.batch.slurm import slurm_allocation
 from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
-from marbled.resources import PROJECT_ROOT
+from marbled.resources import workload_path
+from tests import REPO
 from tests.scenarios import (
     JOBS,
     JOBSET3_DONE,
@@ -133,8 +134,8 @@ def _sbatch(script: str, tmp_path: Path, *args: str, opts: str = "") -> str:
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     done = subprocess.run(
         ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", *args,
-         str(PROJECT_ROOT / "jobscripts" / script),
-         str(PROJECT_ROOT / "workloads" / "paper-jobset3.yaml")],
+         str(REPO / "jobscripts" / script),
+         str(workload_path("paper-jobset3"))],
         capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]

@@ -1,0 +1,1 @@
+marbled/sql
