@@ -5,28 +5,24 @@
 
 --arch lenet: LeNet-5 on MNIST-shaped input (28x28x1); --arch resnet: a small
 ResNet (3 stages of 2 basic blocks, 16/32/64 channels, BatchNorm) on 32x32x3.
---mode custom: a tf.function training loop; --mode keras: model.fit with the
-MarbleCallback. The batch of global step s is a pure function of s, so no
-input-pipeline state needs a checkpoint. Trains with MirroredStrategy over the
-run's GPUs (logical CPU devices where the GPUs are emulated).
+--mode custom: a tf.function training loop with one `Suspendable` run object;
+--mode keras: model.fit with the MarbleCallback. The batch of global step s is a
+pure function of s, so no input-pipeline state needs a checkpoint. Trains with
+MirroredStrategy over the run's GPUs (logical CPU devices where the GPUs are
+emulated); a process the broker prestarted waits for its GPUs in strategy_for_run().
 """
 
-from marbled.worker.protocol import JobProtocol
-
-PROTO = JobProtocol.from_env().install()  # before TensorFlow: a SIGTSTP is never lost
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
+import argparse
+import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from marbled.worker.keras import MarbleCallback  # noqa: E402
-from marbled.worker.tf import TFCheckpoint, strategy_for_run  # noqa: E402
+from marbled.worker.tf import Suspendable, strategy_for_run  # noqa: E402
 
-PROTO.ready()  # imports done; a prestarted process waits here for its GPUs
 CLASSES = 10
 
 
@@ -34,7 +30,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", choices=["lenet", "resnet"], default="lenet")
     p.add_argument("--mode", choices=["custom", "keras"], default="custom")
-    p.add_argument("--steps", type=int, default=PROTO.target_steps or 200)
+    p.add_argument("--steps", type=int, default=int(os.environ.get("MARBLE_TARGET_STEPS") or 200),
+                   help="steps in all, across suspensions (default: MARBLE_TARGET_STEPS, "
+                        "else 200)")
     p.add_argument("--batch", type=int, default=64, help="global batch size")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -93,7 +91,7 @@ def dataset(start: int, args):
 
 def main() -> int:
     args = parse_args()
-    strategy = strategy_for_run(PROTO)  # first: it splits the CPU before TF starts
+    strategy = strategy_for_run()  # first: it waits for the GPUs and splits the CPU
     keras.utils.set_random_seed(args.seed)
     print(f"train_tf: {args.arch}/{args.mode} on {strategy.num_replicas_in_sync} replica(s), "
           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", file=sys.stderr)
@@ -105,17 +103,13 @@ def main() -> int:
         optimizer = keras.optimizers.Adam(args.lr)
         if args.mode == "keras":
             model.compile(optimizer=optimizer, loss=loss_fn)
-            marble = MarbleCallback(model, PROTO, fast_exit=args.fast_exit)
-            ckpt = marble.checkpoint
+            run = MarbleCallback(model, steps=args.steps, fast_exit=args.fast_exit)
+            step = run.initial_step
         else:
-            ckpt = TFCheckpoint(PROTO, model=model, optimizer=optimizer,
-                                fast_exit=args.fast_exit)
-    PROTO.mark("built")
-    step = ckpt.restore() if args.mode == "custom" else marble.initial_step
+            run = Suspendable(model, optimizer, steps=args.steps, fast_exit=args.fast_exit)
+            step = run.start
     iterations = int(optimizer.iterations.numpy())
     print(f"train_tf: restored step {step}, optimizer iterations {iterations}", file=sys.stderr)
-    if PROTO.suspend_requested:  # asked while we were starting: no need to train first
-        PROTO.checkpoint_and_exit(step, ckpt.save, ckpt.saved_step, args.fast_exit)
 
     if args.mode == "keras":
         class LossLog(keras.callbacks.Callback):
@@ -127,16 +121,15 @@ def main() -> int:
                 self.last = (batch + 1) * float(logs["loss"]) - batch * self.mean
                 self.mean = float(logs["loss"])
                 if log:
-                    log.write(f"{marble.step + 1} {self.last!r}\n")
+                    log.write(f"{run.step + 1} {self.last!r}\n")
                     log.flush()
 
         losses = LossLog()
         losses.last = float("nan")
         if step < args.steps:
             model.fit(dataset(step, args), steps_per_epoch=args.steps - step, epochs=1,
-                      verbose=0, callbacks=[losses, marble])
-        marble.save_final()
-        step, loss = marble.step, losses.last
+                      verbose=0, callbacks=[losses, run])
+        step, loss = run.step, losses.last
     else:
         @tf.function
         def replica_step(x, y):
@@ -154,16 +147,13 @@ def main() -> int:
             return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
         loss = float("nan")
-        for batch in strategy.experimental_distribute_dataset(dataset(step, args)):
-            loss = float(train_step(batch))
-            step += 1
+        batches = iter(strategy.experimental_distribute_dataset(dataset(step, args)))
+        for step in run.steps():  # suspends between two steps when the broker asks
+            loss = float(train_step(next(batches)))
             if log:
                 log.write(f"{step} {loss!r}\n")
                 log.flush()
-            ckpt.step_finished(step)
-        if ckpt.saved_step != step:
-            ckpt.save(step)
-        PROTO.report(step, force=True)
+        step = run.step
     print(f"train_tf: {args.arch} trained to step {step}, last loss {loss:.6f}")
     return 0
 

@@ -3,9 +3,10 @@
 Runs under marbled (checkpoints in MARBLE_CHECKPOINT_DIR, target steps from
 MARBLE_TARGET_STEPS) or alone (checkpoints in ./marble-checkpoint). Torch runs on
 the CPU; CUDA_VISIBLE_DEVICES is only counted and reported (on a machine without
-GPUs the broker hands out emulated GPU ids). It calls JobProtocol.ready() once the
-model and optimizer are built, so the broker may prestart it: the next run's process
-imports torch and builds while the previous run checkpoints, then waits for its GPUs.
+GPUs the broker hands out emulated GPU ids). All it adds for marbled is one object
+and one loop (`Suspendable`, `run.steps()`). The model is built on the CPU before
+`Suspendable(...)`, so the broker may prestart it: the next run's process imports
+torch and builds while the previous run checkpoints, then waits for its GPUs there.
 
 The batch of global step s is a pure function of (seed, s), so no data-loader state
 needs checkpointing, and a suspended and resumed run computes the same losses as an
@@ -16,22 +17,16 @@ upsampled) and a sample is its class's prototype plus pixel noise of the same st
     python jobscripts/train_torch.py --arch lenet --steps 400 --loss-log losses.txt
 """
 
-from marbled.worker.protocol import JobProtocol
+import argparse
+import os
+import random
+import sys
 
-PROTO = JobProtocol.from_env().install()  # FIRST: a SIGTSTP before this line is lost
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-from marbled.worker.torch import TorchCheckpoint  # noqa: E402
-
-PROTO.mark("imported")
+from marbled.worker.torch import Suspendable
 
 CLASSES = 10
 INPUT_SHAPE = {"lenet": (1, 28, 28), "resnet": (3, 32, 32)}
@@ -43,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="train_torch",
         description="Suspendable PyTorch training on synthetic data (CPU).")
     p.add_argument("--arch", choices=sorted(INPUT_SHAPE), default="lenet")
-    p.add_argument("--steps", type=int, default=PROTO.target_steps or 200,
+    p.add_argument("--steps", type=int, default=None,
                    help="steps in all, across suspensions (default: MARBLE_TARGET_STEPS, "
                         "else 200)")
     p.add_argument("--batch", type=int, default=64)
@@ -55,13 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also checkpoint every N steps (0: only when suspended, and at the end)")
     p.add_argument("--report-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between progress reports to the broker "
-                        f"(default {PROTO.report_interval})")
+                        "(default: MARBLE_REPORT_INTERVAL, else 1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads (default: torch's choice); losses are "
                         "bit-identical across runs only with the same thread count")
     p.add_argument("--no-fast-exit", dest="fast_exit", action="store_false",
                    help="end with a normal interpreter teardown instead of os._exit(0)")
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = int(os.environ.get("MARBLE_TARGET_STEPS") or 200)
     if (args.steps < 1 or args.batch < 1 or args.checkpoint_every < 0
             or (args.threads is not None and args.threads < 1)):
         p.error("--steps, --batch and --threads must be >= 1, --checkpoint-every >= 0")
@@ -161,8 +158,6 @@ def visible_devices() -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    if args.report_interval is not None:
-        PROTO.report_interval = args.report_interval
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -171,43 +166,32 @@ def train(args: argparse.Namespace) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)  # imports torch._dynamo
     data = SyntheticData(args.arch, args.batch, args.seed)
     loss_fn = nn.CrossEntropyLoss()
-    PROTO.mark("built")
-    # A process the broker prestarted waits here (imports and build done, ~4 s) until
-    # the old run has checkpointed; it then gets its run id and GPUs. Nothing before this
-    # line may depend on the run: the checkpoint is read after it.
-    PROTO.ready()
+    # A process the broker prestarted waits in here (imports and build done, ~4 s) until
+    # the old run has checkpointed; it then gets its run id and GPUs, and restores.
+    run = Suspendable(model, optimizer, steps=args.steps, every=args.checkpoint_every,
+                      fast_exit=args.fast_exit)
+    if args.report_interval is not None:
+        run.protocol.report_interval = args.report_interval
     print(f"train_torch: CUDA_VISIBLE_DEVICES lists {visible_devices()} device(s) "
           "(emulated GPU ids where there are no GPUs); torch runs on the CPU with "
           f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
 
-    ckpt = TorchCheckpoint(model, optimizer, protocol=PROTO, fast_exit=args.fast_exit)
-    step = start = ckpt.restore()
-    if PROTO.suspend_requested:  # asked while starting up: suspend without training
-        ckpt.checkpoint_and_exit(step)
-
     log = open(args.loss_log, "a", buffering=1) if args.loss_log else None  # noqa: SIM115
     loss = None
     model.train()
-    while step < args.steps:
-        x, y = data(step + 1)
+    for step in run.steps():  # suspends between two steps when the broker asks
+        x, y = data(step)
         optimizer.zero_grad(set_to_none=True)
         batch_loss = loss_fn(model(x), y)
         batch_loss.backward()
         optimizer.step()
-        step += 1
         loss = batch_loss.item()
         if log:
             log.write(f"{step} {loss!r}\n")  # line-buffered: written before any exit
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
-            ckpt.save(step)
-        ckpt.step_finished(step)
-    if ckpt.saved_step != step:
-        ckpt.save(step)
-    PROTO.report(step, force=True)
     if log:
         log.close()
     final = "n/a (nothing to train)" if loss is None else repr(loss)
-    print(f"train_torch: arch={args.arch} steps={step} (this run {start}->{step}) "
+    print(f"train_torch: arch={args.arch} steps={run.step} (this run {run.start}->{run.step}) "
           f"final_loss={final}", flush=True)
     return 0
 

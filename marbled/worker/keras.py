@@ -1,57 +1,65 @@
 """Suspend/resume for Keras `model.fit()` (Keras 3 on TensorFlow) as one callback.
 
-Usage (the job's FIRST lines install the protocol)::
+Usage::
 
-    from marbled.worker.protocol import JobProtocol
-    PROTO = JobProtocol.from_env().install()          # before importing TensorFlow
     import keras
     from marbled.worker.keras import MarbleCallback
     from marbled.worker.tf import strategy_for_run
 
-    with strategy_for_run(PROTO).scope():
+    with strategy_for_run().scope():                   # this run's GPUs (waits for them)
         model = build(); model.compile(optimizer="adam", loss=...)
-        marble = MarbleCallback(model, PROTO)          # restores the latest checkpoint
-    start = marble.initial_step
-    model.fit(dataset_from_step(start), steps_per_epoch=target - start, epochs=1,
-              callbacks=[marble])
-    marble.save_final()
+        marble = MarbleCallback(model)                 # restores the newest checkpoint
+    model.fit(dataset_from_step(marble.initial_step), callbacks=[marble], ...)
 
 After every batch the callback counts the global step and reports progress; when
 the broker asks for a suspension it saves model, optimizer and step, acknowledges
-and ends the process from inside the callback (no slow teardown). `fit()` has no
-"initial step": feed it data from `initial_step` on. With `steps_per_execution=N`
-callbacks run every N steps, so a suspension waits up to N steps. Keras' own
-`logs["loss"]` is the running mean since `fit()` started and restarts at a resume.
+and ends the process from inside the callback (no slow teardown). At the target
+step (MARBLE_TARGET_STEPS, or `steps`) it stops `fit()`, and when `fit()` ends it
+saves and reports the last step. `fit()` has no "initial step": feed it data from
+`initial_step` on. With `steps_per_execution=N` callbacks run every N steps, so a
+suspension waits up to N steps. Keras' own `logs["loss"]` is the running mean since
+`fit()` started and restarts at a resume.
 """
 
 from __future__ import annotations
 
 import keras
 
+from marbled.worker.loop import StepLoop
 from marbled.worker.protocol import JobProtocol
 from marbled.worker.tf import TFCheckpoint
 
 
 class MarbleCallback(keras.callbacks.Callback):
     def __init__(self, model: keras.Model, protocol: JobProtocol | None = None, *,
-                 directory=None, keep: int = 3, fast_exit: bool = True):
+                 steps: int | None = None, every: int = 0, directory=None, keep: int = 3,
+                 fast_exit: bool = True):
+        """Create it after `model.compile()` (inside the strategy's scope, if any)."""
         super().__init__()
         self.checkpoint = TFCheckpoint(protocol, directory=directory, keep=keep,
                                        fast_exit=fast_exit, model=model,
                                        optimizer=model.optimizer)
         self.protocol = self.checkpoint.protocol
-        self.initial_step = self.checkpoint.restore()
-        self.step = self.initial_step
+        # the prestart wait belongs before TensorFlow takes a GPU: strategy_for_run()
+        self.run = StepLoop(self.checkpoint, steps=steps, protocol=self.protocol,
+                            fast_exit=fast_exit, prestart=False, every=every)
+        self.initial_step = self.run.start
+
+    @property
+    def step(self) -> int:
+        return self.run.step
 
     def remaining(self, total: int) -> int:
         return max(total - self.initial_step, 0)
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        self.step += 1
-        self.checkpoint.step_finished(self.step)
+        self.run.step_done()
+        if self.run.done:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None) -> None:
+        self.run.finish()
 
     def save_final(self) -> None:
-        """Save the last step (unless saved already) and report it."""
-        if self.checkpoint.saved_step != self.step:
-            self.checkpoint.save(self.step)
-        self.protocol.report(self.step, force=True)
+        """Save the last step (unless saved already) and report it (done when fit() ends)."""
+        self.run.finish()

@@ -48,6 +48,7 @@ RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "JSM_N
 SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
+_current: JobProtocol | None = None  # the protocol installed in this process
 
 
 def fsync_dir(path: Path) -> None:
@@ -141,18 +142,25 @@ class JobProtocol:
         proto.mark("python")
         return proto
 
-    @property
-    def managed(self) -> bool:
-        """True when a broker started this process."""
-        return self.run_dir is not None
-
     def install(self) -> JobProtocol:
-        """Catch SIGTSTP (flag only), keep syscalls restarting, and unblock it."""
+        """Catch SIGTSTP (flag only), keep syscalls restarting, and unblock it; this becomes
+        the process's protocol (`current()`)."""
+        global _current
         signal.signal(signal.SIGTSTP, self._on_tstp)
         signal.siginterrupt(signal.SIGTSTP, False)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
+        _current = self
         self._check_request()
         return self
+
+    @classmethod
+    def current(cls) -> JobProtocol:
+        """The process's protocol: the one installed, else one made from the environment and
+        installed now. Installing late is safe: a SIGTSTP sent before it is discarded (a
+        local run is an orphaned process group; a Slurm or LSF step starts with SIGTSTP
+        ignored) and the broker's request file is read at install, at the restore and with
+        every progress report."""
+        return _current or cls.from_env().install()
 
     def _check_request(self) -> None:
         """A SIGTSTP sent before the handler was installed is lost; the broker's request

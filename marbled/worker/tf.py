@@ -1,23 +1,21 @@
-"""Suspend/resume for TensorFlow training: checkpoints, the step counter, and the strategy.
+"""Suspend/resume for TensorFlow training: a run object, checkpoints, the strategy.
 
-Usage in a custom training loop (the job's FIRST lines install the protocol)::
+Usage in a custom training loop, one object and one loop::
 
-    from marbled.worker.protocol import JobProtocol
-    PROTO = JobProtocol.from_env().install()          # before importing TensorFlow
     import tensorflow as tf
-    from marbled.worker.tf import TFCheckpoint, strategy_for_run
+    from marbled.worker.tf import Suspendable, strategy_for_run
 
-    strategy = strategy_for_run(PROTO)                 # this run's GPUs
+    strategy = strategy_for_run()                      # this run's GPUs (waits for them)
     with strategy.scope():
         model, optimizer = build()
-        ckpt = TFCheckpoint(PROTO, model=model, optimizer=optimizer)
-    step = ckpt.restore()                              # 0 on a fresh start
-    while step < target:
-        train_step(batch_for(step)); step += 1
-        ckpt.step_finished(step)                       # suspends here when asked
+        run = Suspendable(model, optimizer)            # restores the newest checkpoint
+    for step in run.steps():                           # from the step after it
+        train_step(batch_for(step))                    # suspends between steps when asked
 
-A checkpoint written under N replicas restores under M: TensorFlow saves one
-copy of each mirrored variable. Only jobs import this module, never the broker.
+(Keras `fit()`: `marbled.worker.keras.MarbleCallback`.) The lower-level piece is
+`TFCheckpoint` (`restore()`, `save(step)`, `step_finished(step)`). A checkpoint
+written under N replicas restores under M: TensorFlow saves one copy of each
+mirrored variable. Only jobs import this module, never the broker.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from marbled.worker.loop import StepLoop
 from marbled.worker.protocol import JobProtocol, fsync_dir
 
 
@@ -38,9 +37,12 @@ def strategy_for_run(protocol: JobProtocol | None = None) -> tf.distribute.Strat
     broker hands out emulated GPU ids, the CPU is split into as many logical
     devices as the run has GPUs, so the job trains with the same replica count
     as it would on GPUs (functionally; two logical CPUs are not faster than one).
-    Call it before TensorFlow creates any tensor.
+    Call it before TensorFlow creates any tensor: it is the job's first touch of a
+    GPU, so a process the broker started ahead of time waits here for its GPUs.
     """
-    replicas = max((protocol or JobProtocol.from_env()).gpus, 1)
+    protocol = protocol or JobProtocol.current()
+    protocol.ready()
+    replicas = max(protocol.gpus, 1)
     if tf.config.list_physical_devices("GPU"):
         return tf.distribute.MirroredStrategy() if replicas > 1 else tf.distribute.get_strategy()
     if replicas == 1:
@@ -63,7 +65,7 @@ class TFCheckpoint:
 
     def __init__(self, protocol: JobProtocol | None = None, *, directory: Path | None = None,
                  keep: int = 3, fast_exit: bool = True, **trackables):
-        self.protocol = protocol or JobProtocol.from_env().install()
+        self.protocol = protocol or JobProtocol.current()
         self.directory = Path(directory or self.protocol.checkpoint_dir)
         self.fast_exit = fast_exit
         model, optimizer = trackables.get("model"), trackables.get("optimizer")
@@ -105,3 +107,23 @@ class TFCheckpoint:
     def step_finished(self, step: int) -> None:
         """Call after every training step: suspends (checkpoint, ack, exit) when asked."""
         self.protocol.step_finished(step, self.save, self.saved_step, self.fast_exit)
+
+
+class Suspendable(StepLoop):
+    """A TensorFlow training run: `run = Suspendable(model, optimizer)` inside the
+    strategy's scope, then `for step in run.steps(): ...` (see the module's docstring).
+
+    Further trackables to checkpoint go as keywords. `prestart`: the process may be
+    started before its GPUs are free and wait for them here (`strategy_for_run` already
+    does, before TensorFlow takes a GPU). `steps`, `every`, `directory`, `keep` and
+    `fast_exit` as for StepLoop and TFCheckpoint."""
+
+    def __init__(self, model, optimizer, *, steps: int | None = None, every: int = 0,
+                 protocol: JobProtocol | None = None, directory: Path | None = None,
+                 keep: int = 3, fast_exit: bool = True, prestart: bool = False,
+                 **trackables):
+        checkpoint = TFCheckpoint(protocol, directory=directory, keep=keep,
+                                  fast_exit=fast_exit, model=model, optimizer=optimizer,
+                                  **trackables)
+        super().__init__(checkpoint, steps=steps, protocol=checkpoint.protocol,
+                         fast_exit=fast_exit, prestart=prestart, every=every)

@@ -1,7 +1,23 @@
-"""PyTorch checkpoints for MARBLE's suspend/resume protocol. Imported by jobs only.
+"""PyTorch training under MARBLE's suspend/resume protocol. Imported by jobs only.
 
-Usage (the job must create and install its JobProtocol in its FIRST lines, before
-`import torch`: a SIGTSTP that arrives before the handler is installed is lost)::
+Usage, one object and one loop::
+
+    import torch
+    from marbled.worker.torch import Suspendable
+    model, opt = build_model(), torch.optim.Adam(...)  # on the CPU (see prestart below)
+    run = Suspendable(model, opt)                      # restores the newest checkpoint
+    for step in run.steps():                           # from the step after it
+        train_one_step(step)                           # suspends between steps when asked
+
+`Suspendable` installs the protocol (unless the job did), waits for its GPUs if the
+broker started the process early (only when the model is still on the CPU: move it
+to the GPU after `Suspendable(...)`), checkpoints, acknowledges and exits at a step
+boundary when the broker asks, and saves and reports the last step when the loop
+ends (`run.finish()`, or a `with` block, for a loop left early).
+
+The lower-level pieces, for a loop of your own (create and install the protocol in
+the FIRST lines, before `import torch`, to lose no time to a suspension during the
+imports)::
 
     from marbled.worker.protocol import JobProtocol
     PROTO = JobProtocol.from_env().install()          # before `import torch`
@@ -40,6 +56,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from marbled.worker.loop import StepLoop
 from marbled.worker.protocol import JobProtocol, atomic_write
 
 FORMAT = 1
@@ -58,9 +75,9 @@ class CheckpointError(RuntimeError):
 class TorchCheckpoint:
     """Save and restore a model, its optimizer and scheduler at step boundaries.
 
-    `protocol` should be the JobProtocol the job installed in its first lines, before
-    `import torch`; if None, one is created from the environment and installed here
-    (later than it should be: a suspension during the imports is then lost).
+    `protocol`: the JobProtocol the job installed, if it did; else the process's own
+    (`JobProtocol.current()`, installed now: a suspension asked during the imports is
+    read from the broker's request file).
     `directory` defaults to the protocol's checkpoint directory (MARBLE_CHECKPOINT_DIR,
     else ./marble-checkpoint). The newest `keep` checkpoints are kept. With
     `fast_exit` a suspended job ends with os._exit(0) right after its acknowledgement.
@@ -75,7 +92,7 @@ class TorchCheckpoint:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.protocol = protocol if protocol is not None else JobProtocol.from_env().install()
+        self.protocol = protocol if protocol is not None else JobProtocol.current()
         self.directory = Path(directory) if directory is not None else self.protocol.checkpoint_dir
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
@@ -212,3 +229,23 @@ class TorchCheckpoint:
     def checkpoint_and_exit(self, step: int) -> NoReturn:
         """Suspend now (e.g. when asked during start-up): save unless saved, ack, exit."""
         self.protocol.checkpoint_and_exit(step, self.save, self.saved_step, self.fast_exit)
+
+
+class Suspendable(StepLoop):
+    """A PyTorch training run: `run = Suspendable(model, optimizer, scheduler)`, then
+    `for step in run.steps(): ...` (see the module's docstring).
+
+    `prestart` (default: while every parameter of `model` is on the CPU): the process may
+    be started before its GPUs are free and waits for them here. `steps`, `every`,
+    `directory`, `keep` and `fast_exit` as for StepLoop and TorchCheckpoint."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any = None, *, steps: int | None = None, every: int = 0,
+                 protocol: JobProtocol | None = None, directory: str | os.PathLike | None = None,
+                 keep: int = 2, fast_exit: bool = True, prestart: bool | None = None):
+        checkpoint = TorchCheckpoint(model, optimizer, scheduler, protocol=protocol,
+                                     directory=directory, keep=keep, fast_exit=fast_exit)
+        if prestart is None:
+            prestart = all(p.device.type == "cpu" for p in model.parameters())
+        super().__init__(checkpoint, steps=steps, protocol=checkpoint.protocol,
+                         fast_exit=fast_exit, prestart=prestart, every=every)
