@@ -210,6 +210,24 @@ class Simulator:
         return curve and replace(curve, startup_s=_cost(self.launch_s, curve.startup_s),
                                  suspend_s=_cost(self.suspend_s, curve.suspend_s))
 
+    def _check(self, a: Arrival, where: str, truth: ProfileBook,
+               told: ProfileBook | LearnedBook) -> None:
+        """Refuse, naming the job's place in its file, what the simulator cannot run."""
+        if a.spec.model is None or a.spec.steps is None:
+            raise WorkloadError(where, "model" if a.spec.model is None else "steps",
+                                "the simulator needs a profiled model and a step count "
+                                "for every job")
+        if truth.lookup(a.spec.model) is None:
+            raise WorkloadError(where, "model", f"'{a.spec.model}' is not in profile "
+                                f"'{truth.system}', which has {', '.join(truth.models)}")
+        if a.spec.nodes > 1:
+            raise WorkloadError(where, "nodes", "the simulator models single-node jobs "
+                                                "(profiles have no multi-node curves)")
+        try:
+            size_job(_as_run(a.spec), told, self.gpus_per_node)
+        except SpecError as exc:
+            raise WorkloadError(where, exc.field, exc.message) from None
+
     def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
         arrivals = sorted(
             (w if isinstance(w, Arrival) else Arrival(0.0, w) for w in workload),
@@ -218,22 +236,7 @@ class Simulator:
         told = LearnedBook(self.book, self.learning, self.gpus_per_node) if self.learning \
             else self.book
         for i, a in enumerate(arrivals, start=1):
-            where = a.where or f"job {i}"
-            if a.spec.model is None or a.spec.steps is None:
-                raise WorkloadError(where, "model" if a.spec.model is None else "steps",
-                                    "the simulator needs a profiled model and a step count "
-                                    "for every job")
-            if truth.lookup(a.spec.model) is None:
-                raise WorkloadError(where, "model", f"'{a.spec.model}' is not in profile "
-                                    f"'{truth.system}', which has "
-                                    f"{', '.join(truth.models)}")
-            if a.spec.nodes > 1:
-                raise WorkloadError(where, "nodes", "the simulator models single-node jobs "
-                                                    "(profiles have no multi-node curves)")
-            try:
-                size_job(_as_run(a.spec), told, self.gpus_per_node)
-            except SpecError as exc:
-                raise WorkloadError(where, exc.field, exc.message) from None
+            self._check(a, a.where or f"job {i}", truth, told)
         names = [f"node{i}" for i in range(self.nodes)]
         state = State(nodes={n: Node(n, tuple(range(self.gpus_per_node))) for n in names})
         self.runs = []
