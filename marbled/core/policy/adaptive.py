@@ -31,6 +31,7 @@ marbled's own policy, for a centre that does not know its load in advance.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from marbled.core.model import Job, JobState, Placement, Start, State, Suspend
 from marbled.core.policy.base import (
@@ -89,11 +90,13 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
         if item.fixed:
             out[item.id] = [(item.home,), item.count]
             continue
+        if item.home is not None and room.get(item.home, -1) >= item.low:  # stays: the common case
+            room[item.home] -= item.low
+            out[item.id] = [(item.home,), item.low]
+            continue
         fits = [n for n in room if room[n] >= item.low]
         whole = [n for n in fits if room[n] >= item.high]
-        if item.home in fits:
-            nodes = [item.home]
-        elif item.nodes > 1:
+        if item.nodes > 1:
             nodes = fits[:item.nodes]
         elif whole:  # the tightest node that still holds its fastest count
             nodes = [min(whole, key=lambda n: room[n])]
@@ -115,20 +118,24 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
                           if c - have <= room[node] and first.can(c)), default=have)
             out[first.id][1] = target
             room[node] -= target - have
+    on_node: dict[str, list[Item]] = {}
+    for i, (nodes, _) in out.items():
+        if len(nodes) == 1 and not by_id[i].fixed:
+            on_node.setdefault(nodes[0], []).append(by_id[i])
     for node, left in room.items():
-        mine = [by_id[i] for i, (nodes, _) in out.items()
-                if nodes == (node,) and not by_id[i].fixed]
-        while left > 0:
+        # the items that may still grow, each with what divides its gain: its speed on its
+        # fewest GPUs, times its time left there to the power `bias` (work unknown: 1)
+        mine = [(item, item.speed(item.low) * ((item.work / item.speed(item.low)) ** bias
+                                               if item.work > 0 else 1.0))
+                for item in on_node.get(node, ()) if left > 0 and out[item.id][1] < item.high]
+        while left > 0 and mine:
             best, gain, step = None, 0.0, 0
-            for item in mine:
+            for item, scale in mine:
                 g = out[item.id][1]
                 nxt = item.above(g)
                 if nxt is None or nxt - g > left:
                     continue
-                added = (item.speed(nxt) - item.speed(g)) / item.speed(item.low) / (nxt - g)
-                # work unknown (no step count): by throughput alone
-                value = added / (item.work / item.speed(item.low)) ** bias if item.work > 0 \
-                    else added
+                value = (item.speed(nxt) - item.speed(g)) / (nxt - g) / scale
                 if value > gain:
                     best, gain, step = item, value, nxt - g
             if best is None:
@@ -202,25 +209,41 @@ class AdaptivePolicy(Policy):
     reshape_margin: float
     makespan_weight: float
 
+    def __init__(self, **settings: float | None):
+        super().__init__(**settings)
+        self._cache: dict[tuple[int, int], tuple] = {}
+
     def choose(self, state: State, now: float) -> list:
         engaged = state.engaged()
         if state.resumable() or resizing(engaged):
             return []  # a reshape is under way: decide on what it leaves
-        room = {n: node.size for n, node in state.nodes.items()}
+        open_, room = self._open_nodes(state, engaged, now)
+        running = [self._item(j, now, movable=self._movable(j, now)) for j in engaged
+                   if j.placement.node in open_]
+        # the room of a node: its free GPUs and those of the jobs planned on it
+        for item in running:
+            room[item.home] += item.count
         gpus = sum(room.values())
-        running = [self._item(j, now, movable=self._movable(j, now)) for j in engaged]
+        # a shrink saves each newcomer the wait until some run ends and frees GPUs
+        wait = min((max(j.expected_end - now, 0.0) for j in engaged
+                          if j.expected_end is not None), default=0.0)
         waiting = []
         spare = gpus - sum(i.count for i in running if i.fixed)
+        spare -= sum(i.low for i in running if not i.fixed)
         for job in fifo_candidates(state, now):
-            if spare <= 0 and len(waiting) >= gpus:
+            # Past the jobs that fit at their fewest GPUs none is placed (strict FIFO); a few
+            # more only count the jobs in the system for the look-ahead.
+            if spare <= 0 and len(waiting) >= min(gpus, LOOKAHEAD_JOBS + 1):
                 break
             item = self._item(job, now)
             spare -= item.low * item.nodes
             waiting.append(item)
-        candidate = self._candidate(running, waiting, room)
+        # the look-ahead only with every node open: few jobs in the system
+        candidate = self._candidate(running, waiting, room) if len(open_) == len(state.nodes) \
+            else (1.0, False)
         as_now = running  # the next decision sees every job that is not moved as now
         for _ in range(len(running) + 1):
-            plan = self._settle(running, waiting, room, candidate)
+            plan = self._settle(running, waiting, room, candidate, wait)
             moved = [i for i in running if not i.fixed and plan.get(i.id) != ((i.home,),
                                                                                i.count)]
             if not moved:
@@ -231,7 +254,7 @@ class AdaptivePolicy(Policy):
             after = self._settle([i for i in as_now if i.id not in gone],
                                  sorted([*waiting, *(replace(i, count=0, home=None)
                                                      for i in moved)], key=lambda i: i.id),
-                                 room, candidate)
+                                 room, candidate, wait)
             back = {i.id for i in moved if after.get(i.id, ((), 0))[1] == i.count}
             if not back:
                 return self._reshape(state, moved, plan)
@@ -249,6 +272,23 @@ class AdaptivePolicy(Policy):
             job = state.jobs[item.id]
             actions.append(Start(job.id, *parts[0], role_for(job, count), tuple(parts[1:])))
         return actions
+
+    def _open_nodes(self, state: State, engaged: list, now: float) -> tuple[set, dict]:
+        """The nodes a decision may change, and their free GPUs. A node with no free GPU
+        whose jobs all run on their fewest GPUs (or may not move) keeps its plan: nothing
+        can start, grow or shrink there, so a decision on a loaded cluster costs what its
+        few open nodes cost. With few jobs (the look-ahead) every node is planned."""
+        free = {n: len(state.free(n)) for n in state.nodes}
+        if len(engaged) + sum(1 for _ in islice(fifo_candidates(state, now),
+                                                LOOKAHEAD_JOBS + 1)) <= LOOKAHEAD_JOBS:
+            return set(free), free
+        open_ = {n for n, k in free.items() if k}  # a set, read in the nodes' order below
+        for job in engaged:
+            node = job.placement.node
+            if node not in open_ and len(job.gpus) > 1 and job.malleable and job.nodes == 1 \
+                    and len(job.gpus) > job.fewest and self._movable(job, now):
+                open_.add(node)
+        return open_, {n: k for n, k in free.items() if n in open_}
 
     @staticmethod
     def _reshape(state: State, moved: list[Item], plan: dict[int, tuple]) -> list:
@@ -290,21 +330,28 @@ class AdaptivePolicy(Policy):
         return min(outcomes, key=score)[0]
 
     def _settle(self, running: list[Item], waiting: list[Item], room: dict[str, int],
-                candidate: tuple[float, bool]) -> dict[int, tuple]:
+                candidate: tuple[float, bool], wait: float) -> dict[int, tuple]:
         """The plan, with every running job whose change does not pay kept as it is."""
         items = sorted([*running, *waiting], key=lambda i: i.id)
         for _ in range(len(running) + 1):
             live = {i.id: i for i in items}
             plan = allocate(items, _free_room(live, room), *candidate)
-            unpaid = [i for i in items if i.count and not i.fixed
-                      and plan.get(i.id) != ((i.home,), i.count)
-                      and not self._pays(i, plan, items)]
-            if not unpaid:
+            newcomers = sum(1 for i in waiting if i.id in plan)
+            # The first job of each node whose change does not pay is kept as it is; moves
+            # on one node hardly change another's, so the nodes are settled together.
+            keep: dict[str | None, int] = {}
+            for i in items:
+                if i.count and not i.fixed and i.home not in keep \
+                        and plan.get(i.id) != ((i.home,), i.count) \
+                        and not self._pays(i, plan, newcomers, wait):
+                    keep[i.home] = i.id
+            if not keep:
                 return plan
-            items = [replace(i, fixed=True) if i.id == unpaid[0].id else i for i in items]
+            kept = set(keep.values())
+            items = [replace(i, fixed=True) if i.id in kept else i for i in items]
         return plan
 
-    def _pays(self, item: Item, plan: dict[int, tuple], items: list[Item]) -> bool:
+    def _pays(self, item: Item, plan: dict[int, tuple], newcomers: int, wait: float) -> bool:
         """Does moving a running item to its planned count pay?"""
         count = plan[item.id][1] if item.id in plan else 0
         if count == 0:
@@ -314,18 +361,26 @@ class AdaptivePolicy(Policy):
         if count > item.count or plan[item.id][0] != (item.home,):
             return before - after > self.reshape_margin * item.cost
         # Shrinking: the newcomers it makes room for gain the wait until GPUs free up.
-        newcomers = [i for i in items if not i.count and i.id in plan]
-        wait = min((i.work / i.speed(i.count) for i in items if i.count), default=0.0)
-        return wait * len(newcomers) > (1 + self.reshape_margin) * (after - before)
+        return wait * newcomers > (1 + self.reshape_margin) * (after - before)
 
     # -- jobs as items
+
+    def _speeds(self, curve, high: int) -> tuple[float | None, ...]:
+        """The curve on 1..high GPUs, cached: a decision reads every running job's."""
+        key = (id(curve), high)
+        hit = self._cache.get(key)
+        if hit is None or hit[0] is not curve:  # the curve kept with it: ids are reused
+            if len(self._cache) > 4096:  # a long-lived broker sees ever new curves
+                self._cache.clear()
+            hit = self._cache[key] = (curve, tuple(
+                curve.steps_per_second[min(g, curve.max_gpus) - 1] for g in range(1, high + 1)))
+        return hit[1]
 
     def _item(self, job: Job, now: float, movable: bool = False) -> Item:
         curve = job.curve
         fixed_size = not job.malleable or curve is None or job.nodes > 1
         high = job.demand
-        speeds = tuple(curve.steps_per_second[min(g, curve.max_gpus) - 1]
-                       for g in range(1, high + 1)) if curve else ()
+        speeds = self._speeds(curve, high) if curve else ()
         if job.placement is not None:
             count = len(job.gpus)
             share = job.placement.share

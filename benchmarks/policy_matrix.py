@@ -1,0 +1,196 @@
+"""Every policy on every workload: makespan and average JCT, the lower bound, and how the
+adaptive policy compares with the best other policy (issue 13's targets).
+
+    .venv/bin/python benchmarks/policy_matrix.py [--policy P ...] [--workload W ...]
+        [--cost LAUNCH/SUSPEND ...] [--processes N] [--json FILE]
+    .venv/bin/python benchmarks/policy_matrix.py --decision [--nodes 8] [--queued 1000]
+
+Workloads: paper-jobset1..9 (all jobs at t = 0, one node of the profile) and poisson-s0..s2
+(1000 jobs, 60/h, 4 nodes, `marble simulate --poisson`'s default mix and steps, seed
+0..2); default costs 5/5 and 30/30 s (launch/suspend, every model). Per workload, the
+adaptive policy's ratio to the best other policy (< 1: better; the target is <= 1.03),
+and over all workloads the mean of its per-workload ratios to marble (the target: avg JCT
+<= 0.90, makespan <= 1.00). `--decision` times single decisions of each policy instead:
+its median over the decisions taken while at least `--queued` jobs wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from multiprocessing import Pool
+
+from marbled.core.policy import POLICIES, get_policy
+from marbled.resources import load_profile, workload_path
+from marbled.sim.engine import Simulator
+from marbled.sim.workloads import from_job_file, poisson
+
+PROFILE = "summit-v100"
+MIX = dict.fromkeys(("resnet-50", "inception-v3", "resnet-101", "vgg-16"), 1.0)
+WORKLOADS = [f"paper-jobset{n}" for n in range(1, 10)] + [f"poisson-s{s}" for s in (0, 1, 2)]
+COSTS = ("5/5", "30/30")
+OURS = "adaptive"
+
+
+def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:
+    """(arrivals, nodes) of a workload name."""
+    if workload.startswith("poisson-s"):
+        return poisson(jobs, 60.0, MIX, (500, 5000), int(workload.removeprefix("poisson-s"))), 4
+    return from_job_file(workload_path(workload)), 1
+
+
+def cell(args: tuple[str, str, str, int]) -> dict:
+    """One simulation: a policy on a workload at a cost."""
+    policy, workload, cost, jobs = args
+    launch, suspend = (float(x) for x in cost.split("/"))
+    book = load_profile(PROFILE)
+    arrivals, nodes = arrivals_of(workload, jobs)
+    t0 = time.perf_counter()
+    r = Simulator(book, get_policy(policy), book.gpus_per_node, nodes, launch, suspend) \
+        .run(arrivals)
+    return {"policy": policy, "workload": workload, "cost": cost, "makespan_s": r.makespan,
+            "average_jct_s": r.average_jct, "lower_bound_s": r.lower_bound,
+            "suspensions": r.suspensions, "wall_s": time.perf_counter() - t0}
+
+
+def compare(cells: list[dict], policies: list[str], workloads: list[str]) -> dict:
+    """Per workload: the best other policy and our ratios to it; the means vs marble."""
+    at = {(c["policy"], c["workload"]): c for c in cells}
+    rows, vs_marble = {}, {"makespan_s": [], "average_jct_s": []}
+    for w in workloads:
+        row = {}
+        for metric in ("makespan_s", "average_jct_s"):
+            others = [p for p in policies if p != OURS and (p, w) in at]
+            if (OURS, w) not in at or not others:
+                continue
+            best = min(others, key=lambda p: at[p, w][metric])
+            ratio = at[OURS, w][metric] / at[best, w][metric]
+            row[metric] = {"best_other": best, "ratio": ratio, "within_3pct": ratio <= 1.03}
+            if ("marble", w) in at:
+                vs_marble[metric].append(at[OURS, w][metric] / at["marble", w][metric])
+        rows[w] = row
+    means = {m: statistics.fmean(v) for m, v in vs_marble.items() if v}
+    return {"per_workload": rows, "mean_ratio_vs_marble": means}
+
+
+def print_cost(cost: str, cells: list[dict], policies: list[str], workloads: list[str],
+               summary: dict) -> None:
+    at = {(c["policy"], c["workload"]): c for c in cells}
+    print(f"\ncosts {cost} s (launch/suspend)")
+    for metric, title in (("makespan_s", "makespan s"), ("average_jct_s", "avg JCT s")):
+        print(f"{title:14}" + "".join(f"{p:>11}" for p in policies)
+              + (f"{'bound':>9}" if metric == "makespan_s" else "") + f"  {OURS} / best other")
+        for w in workloads:
+            line = f"{w:14}" + "".join(
+                f"{at[p, w][metric]:>11.0f}" if (p, w) in at else f"{'-':>11}" for p in policies)
+            if metric == "makespan_s":
+                line += f"{next(c for c in cells if c['workload'] == w)['lower_bound_s']:>9.0f}"
+            ours = summary["per_workload"].get(w, {}).get(metric)
+            if ours:
+                flag = "" if ours["within_3pct"] else "  MISS"
+                line += f"  {ours['ratio']:.3f} ({ours['best_other']}){flag}"
+            print(line)
+    for metric, mean in summary["mean_ratio_vs_marble"].items():
+        print(f"mean over workloads of {OURS} / marble, {metric}: {mean:.3f}")
+
+
+def matrix(args) -> None:
+    policies = args.policy or sorted(POLICIES)
+    workloads = args.workload or WORKLOADS
+    costs = args.cost or list(COSTS)
+    jobs = [(p, w, c, args.jobs) for c in costs for w in workloads for p in policies]
+    t0 = time.perf_counter()
+    if args.processes > 1:  # the cells are independent; the simulator is single-threaded
+        with Pool(args.processes) as pool:
+            cells = pool.map(cell, jobs, chunksize=1)
+    else:
+        cells = [cell(j) for j in jobs]
+    out = {"profile": PROFILE, "poisson": {"jobs": args.jobs, "rate_per_hour": 60, "nodes": 4},
+           "costs": {}}
+    for c in costs:
+        mine = [x for x in cells if x["cost"] == c]
+        summary = compare(mine, policies, workloads)
+        print_cost(c, mine, policies, workloads, summary)
+        out["costs"][c] = {"cells": mine, **summary}
+    print(f"\n{len(cells)} simulations in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+class Enough(Exception):
+    """Enough decisions timed: stops the simulation."""
+
+
+class Timed:
+    """A policy whose decisions are timed while at least `queued` jobs wait."""
+
+    def __init__(self, policy, queued: int, samples: int):
+        self.policy, self.queued, self.samples = policy, queued, samples
+        self.name = policy.name
+        self.times: list[float] = []
+
+    def decide(self, state, now):
+        t0 = time.perf_counter()
+        actions = self.policy.decide(state, now)
+        took = time.perf_counter() - t0
+        if sum(1 for _ in state.waiting()) >= self.queued:
+            self.times.append(took)
+            if len(self.times) >= self.samples:
+                raise Enough
+        return actions
+
+    def next_decision(self, state, now):
+        return self.policy.next_decision(state, now)
+
+
+def decisions(args) -> None:
+    """Median time of one decision with a long queue: all jobs arrive at t = 0, so every
+    decision up to the last `queued` starts sees at least that many waiting."""
+    book = load_profile(PROFILE)
+    arrivals = [a.__class__(0.0, a.spec) for a in
+                poisson(args.queued + 20 * args.nodes * 6, 60.0, MIX, (500, 5000), 0)]
+    print(f"one decision, {args.nodes} nodes x {book.gpus_per_node} GPUs, >= {args.queued} "
+          f"jobs queued, costs {args.cost[0] if args.cost else COSTS[0]} s")
+    launch, suspend = (float(x) for x in (args.cost or COSTS)[0].split("/"))
+    for name in args.policy or sorted(POLICIES):
+        timed = Timed(get_policy(name), args.queued, args.samples)
+        with contextlib.suppress(Enough):  # the samples are taken: the rest is not timed
+            Simulator(book, timed, book.gpus_per_node, args.nodes, launch, suspend).run(arrivals)
+        t = sorted(timed.times)
+        print(f"{name:10} median {statistics.median(t) * 1e3:7.3f} ms  "
+              f"p90 {t[int(0.9 * (len(t) - 1))] * 1e3:7.3f} ms  over {len(t)} decisions")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                    help="only this policy (repeatable; default: all)")
+    ap.add_argument("--workload", action="append", choices=WORKLOADS,
+                    help="only this workload (repeatable; default: all)")
+    ap.add_argument("--cost", action="append", metavar="LAUNCH/SUSPEND",
+                    help=f"seconds per launch / suspension (repeatable; default: {COSTS})")
+    ap.add_argument("--jobs", type=int, default=1000, help="jobs of the Poisson workloads")
+    ap.add_argument("--processes", type=int, default=1, help="simulations run in parallel")
+    ap.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
+    ap.add_argument("--decision", action="store_true",
+                    help="time single decisions instead of the matrix")
+    ap.add_argument("--nodes", type=int, default=8, help="with --decision: nodes x 6 GPUs")
+    ap.add_argument("--queued", type=int, default=1000,
+                    help="with --decision: time decisions while at least this many wait")
+    ap.add_argument("--samples", type=int, default=200, help="with --decision: decisions timed")
+    args = ap.parse_args()
+    for c in args.cost or ():
+        try:
+            launch, suspend = (float(x) for x in c.split("/"))
+        except ValueError:
+            ap.error(f"--cost {c}: give LAUNCH/SUSPEND seconds, e.g. 5/5")
+    decisions(args) if args.decision else matrix(args)
+
+
+if __name__ == "__main__":
+    main()
