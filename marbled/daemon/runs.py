@@ -78,6 +78,7 @@ class Runs:
         self.live: dict[int, LiveRun] = {}
         self.launching: set[int] = set()  # jobs whose process is being started
         self._cancel_pending: set[int] = set()  # ... and that were cancelled meanwhile
+        self._suspend_pending: dict[int, str] = {}  # ... or asked to suspend (the reason)
         self.standby = Standbys(launcher.launch, spawn, self._record)
         self._look: Timer | None = None  # the next look for acknowledgement markers
 
@@ -113,6 +114,7 @@ class Runs:
                     handle = await self.launcher.launch(request)
                 except OSError as exc:
                     self._cancel_pending.discard(job_id)
+                    self._suspend_pending.pop(job_id, None)
                     self.ledger.run_ended(
                         job_id, run_id, at=self.clock.time(), exit_code=None, reason="failed",
                         outcome=JobState.FAILED,
@@ -132,6 +134,8 @@ class Runs:
             self._cancel_pending.discard(job_id)
             live.cancel = True
             self.stop(live, "cancelled by the user")
+        elif job_id in self._suspend_pending:  # a reshape asked while it was being started
+            self.suspend(self.state.jobs[job_id], self._suspend_pending.pop(job_id))
         else:
             self._on_launched(job_id)
 
@@ -164,8 +168,12 @@ class Runs:
     # ------------------------------------------------------------ suspension and stops
 
     def suspend(self, job: Job, reason: str) -> None:
-        """Ask a running job to checkpoint and exit (a job that cannot checkpoint is stopped)."""
-        live = self.live[job.id]
+        """Ask a running job to checkpoint and exit (a job that cannot checkpoint is stopped);
+        one whose process is still being started is asked once it has started."""
+        live = self.live.get(job.id)
+        if live is None:
+            self._suspend_pending[job.id] = reason
+            return
         live.reason = reason
         if not job.malleable:
             # A rigid job cannot checkpoint: stop it; it will start again from scratch.

@@ -165,6 +165,30 @@ async def test_drain_while_a_process_is_being_started_suspends_it_once_started(t
 
 
 @in_loop
+async def test_reshape_while_the_process_is_being_started_suspends_it_once_started(tmp_path):
+    """A policy may move a job whose process is still starting (malleable with no guard: a
+    newcomer's share); the broker asks it once it runs, instead of failing on it."""
+    launcher = FakeLauncher(hold=asyncio.Event())
+    async with running_broker(tmp_path, launcher=launcher, policy="malleable",
+                              options={"preempt_guard": 0.0}) as h:
+        first = h.submit(model="inception-v3", steps=3000, command=["train"])  # 4 of 6 GPUs
+        await pump()
+        assert first in h.broker.runs.launching
+        h.submit(model="inception-v3", steps=3000, command=["train"])  # shares: 3 and 3
+        await pump()
+        assert h.job(first).state is JobState.SUSPENDING and not h.task.done()  # alive
+        launcher.hold.set()
+        await pump()
+        run = launcher.runs[0]
+        assert run.signals == ["SIGTSTP"]
+        run.acknowledge(0)
+        run.exit(0)
+        await pump()
+        assert [(r.gpu_count, r.end_reason) for r in h.runs(first)] == [(4, "suspended"),
+                                                                          (3, None)]
+
+
+@in_loop
 async def test_launch_failure_fails_the_job_and_says_why(tmp_path):
     launcher = FakeLauncher(fail=FileNotFoundError(2, "No such file or directory"))
     async with running_broker(tmp_path, launcher=launcher) as h:

@@ -1,0 +1,44 @@
+"""The adaptive policy in the real daemon: the same job sized by the load, alone and behind
+a queue, and grown by a real SIGTSTP, checkpoint and resume when the queue has drained
+(emulated jobs, real processes and signals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.scenarios import check_no_gpu_shared, runs_by_job
+
+pytestmark = pytest.mark.daemon
+
+LONG = {"model": "inception-v3", "steps": 3000, "emulate": True}  # fastest on 4 of 6 GPUs
+SHORT = {"model": "resnet-50", "steps": 400, "emulate": True}
+
+
+def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grown(
+        daemon_factory):
+    # --no-learn: the sizes come from the profile alone, as the simulator predicts them
+    # (summit-v100: alone 4 GPUs; behind five jobs 1 GPU, then 4 once they are done).
+    daemon = daemon_factory("--policy", "adaptive", "--no-learn")
+    daemon.submit(LONG)
+    daemon.wait_all(timeout=60)
+    daemon.submit(*[SHORT] * 5, LONG)  # one request: a single decision sees all six
+    jobs = daemon.wait_all(timeout=120)
+    assert [(j["state"], j["step"]) for j in jobs] == [("done", 3000)] + \
+        [("done", 400)] * 5 + [("done", 3000)]
+    runs = runs_by_job(daemon)
+    assert [r["gpu_count"] for r in runs[1]] == [4]  # alone: its fastest count
+    for short in range(2, 7):
+        assert [r["gpu_count"] for r in runs[short]] == [1]
+    queued = runs[7]
+    counts = [r["gpu_count"] for r in queued]
+    # One GPU each; grown as the short jobs end (they end a few ms apart here, so it may
+    # grow in steps, 1 -> 2 -> 4, where the simulator sees them end together: 1 -> 4).
+    assert counts[0] == 1 and counts[-1] == 4 and counts == sorted(counts), counts
+    assert [r["end_reason"] for r in queued] == ["suspended"] * (len(queued) - 1) + ["done"]
+    for before, after in zip(queued, queued[1:], strict=False):
+        assert 0 < before["end_step"] == after["start_step"] < 3000  # from its checkpoint
+    acks = daemon.query("SELECT run_id FROM events WHERE kind = 'acknowledged' AND job_id = 7")
+    assert [a["run_id"] for a in acks] == [r["id"] for r in queued[:-1]]
+    why = daemon.query("SELECT data FROM events WHERE kind = 'suspend-requested' AND job_id = 7")
+    assert len(why) == len(queued) - 1 and "adaptive: 1 -> " in why[0]["data"]
+    check_no_gpu_shared(daemon.runs())
