@@ -17,6 +17,7 @@ from marbled.cli.client import BrokerClient, wait_until_serving
 from marbled.paths import DB_NAME, socket_path
 
 FINAL = {"done", "failed", "cancelled"}
+DEBIAN_PACKAGES = Path(__file__).with_name("debian-packages.sh")
 TIERS = ("core", "broker", "integration", "frameworks", "slurm", "lsf", "packaging")
 
 
@@ -26,6 +27,18 @@ def pytest_collection_modifyitems(items) -> None:
         tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def require_debian(*packages: str) -> None:
+    """Install Debian packages a test needs (tests/debian-packages.sh, as root); where that
+    is impossible the test is skipped saying why, and in CI (CI set) it fails instead."""
+    done = subprocess.run(["bash", str(DEBIAN_PACKAGES), *packages], capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        reason = f"needs the Debian packages {', '.join(packages)}: {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
 
 
 @dataclass
