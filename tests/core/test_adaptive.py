@@ -108,3 +108,23 @@ def test_every_job_ends_and_jobs_start_in_fifo_order(jobs, nodes, cost):
     # every job here can run on one GPU, so none may start before one that came earlier
     assert firsts == sorted(firsts)
     assert result.makespan >= result.lower_bound - 1e-6
+
+
+@pytest.mark.parametrize("cost, shrinks", [(30.0, True), (5000.0, False)])
+def test_behind_a_long_queue_a_shrink_for_newcomers_is_planned_only_where_it_may_pay(cost,
+                                                                                   shrinks):
+    # The newcomer case above with twenty newcomers: more jobs than the look-ahead plays
+    # forward, so only the nodes where some move may pay are planned; that must not lose
+    # the shrink.
+    curve = replace(RESNET, startup_s=cost, suspend_s=cost)
+    state = State.single_node(3)
+    state.submit(job(1, curve=curve))
+    state.apply(Start(1, "node0", (0, 1, 2), POLICY.decide(state, 0.0)[0].role), 0.0)
+    now = 12_000.0
+    state.expect(1, now + 20_000.0)
+    small = ThroughputCurve("small", (2.0,), startup_s=cost, suspend_s=cost)
+    for i in range(2, 22):
+        state.submit(Job(i, 1, True, curve=small, steps_left=1000.0))
+    actions = POLICY.decide(state, now)
+    assert any(isinstance(a, Suspend) for a in actions) == shrinks, actions
+    assert shrinks or actions == []  # nothing starts: every GPU is taken

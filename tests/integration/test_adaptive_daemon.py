@@ -40,5 +40,6 @@ def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grow
     acks = daemon.query("SELECT run_id FROM events WHERE kind = 'acknowledged' AND job_id = 7")
     assert [a["run_id"] for a in acks] == [r["id"] for r in queued[:-1]]
     why = daemon.query("SELECT data FROM events WHERE kind = 'suspend-requested' AND job_id = 7")
-    assert len(why) == len(queued) - 1 and "adaptive: 1 -> " in why[0]["data"]
+    assert len(why) == len(queued) - 1
+    assert "adaptive: 1 -> " in why[0]["data"] and "to grow into idle GPUs" in why[0]["data"]
     check_no_gpu_shared(daemon.runs())

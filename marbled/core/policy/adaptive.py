@@ -39,7 +39,6 @@ from marbled.core.policy.base import (
     Policy,
     fifo_candidates,
     reshape_cost,
-    resizing,
     role_for,
     settled,
 )
@@ -76,7 +75,10 @@ class Item:
 
     def above(self, g: int) -> int | None:
         """The next count above g it can run on, up to `high`."""
-        return next((c for c in range(g + 1, self.high + 1) if self.can(c)), None)
+        for c in range(g + 1, self.high + 1):
+            if self.can(c):
+                return c
+        return None
 
 
 def allocate(items: list[Item], room: dict[str, int], bias: float,
@@ -122,12 +124,13 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
     for i, (nodes, _) in out.items():
         if len(nodes) == 1 and not by_id[i].fixed:
             on_node.setdefault(nodes[0], []).append(by_id[i])
-    for node, left in room.items():
+    for node, items_there in on_node.items():  # each node's growth is its own
+        left = room[node]
         # the items that may still grow, each with what divides its gain: its speed on its
         # fewest GPUs, times its time left there to the power `bias` (work unknown: 1)
         mine = [(item, item.speed(item.low) * ((item.work / item.speed(item.low)) ** bias
                                                if item.work > 0 else 1.0))
-                for item in on_node.get(node, ()) if left > 0 and out[item.id][1] < item.high]
+                for item in items_there if left > 0 and out[item.id][1] < item.high]
         while left > 0 and mine:
             best, gain, step = None, 0.0, 0
             for item, scale in mine:
@@ -214,19 +217,38 @@ class AdaptivePolicy(Policy):
         self._cache: dict[tuple[int, int], tuple] = {}
 
     def choose(self, state: State, now: float) -> list:
-        engaged = state.engaged()
-        if state.resumable() or resizing(engaged):
+        if state.resumable():
             return []  # a reshape is under way: decide on what it leaves
-        open_, room = self._open_nodes(state, engaged, now)
-        running = [self._item(j, now, movable=self._movable(j, now)) for j in engaged
-                   if j.placement.node in open_]
+        engaged = state.engaged()
+        queued = sum(1 for _ in islice(fifo_candidates(state, now), LOOKAHEAD_JOBS + 1))
+        everything = len(engaged) + queued <= LOOKAHEAD_JOBS  # the look-ahead plans all nodes
+        free = {n: len(state.free(n)) for n in (state.nodes if everything else
+                                                 state.nodes_with_free_gpus())}
+        # One pass over the running jobs (on a loaded cluster, most of a decision): the first
+        # end, and the jobs that may move. A shrink pays only for newcomers: without a
+        # waiting job, a job may change only by growing into its node's free GPUs.
+        first_end, movable, suspending = float("inf"), [], JobState.SUSPENDING
+        for job in engaged:
+            if job.state is suspending:
+                return []  # as above
+            if job.expected_end is not None and job.expected_end < first_end:
+                first_end = job.expected_end
+            if (everything or job.placement.node in free or queued and
+                    len(job.placement.gpus) > 1) and self._movable(job, now):
+                movable.append(job)
+        # a shrink saves each newcomer the wait until some run ends and frees GPUs
+        wait = max(first_end - now, 0.0) if first_end < float("inf") else 0.0
+        if everything:
+            moving = {j.id for j in movable}
+            running = [self._item(j, now, movable=j.id in moving) for j in engaged]
+            open_ = set(state.nodes)
+        else:
+            running, open_ = self._running(state, engaged, movable, free, queued, now, wait)
         # the room of a node: its free GPUs and those of the jobs planned on it
+        room = {n: free.get(n, 0) for n in state.nodes if n in open_}  # in the nodes' order
         for item in running:
             room[item.home] += item.count
         gpus = sum(room.values())
-        # a shrink saves each newcomer the wait until some run ends and frees GPUs
-        wait = min((max(j.expected_end - now, 0.0) for j in engaged
-                          if j.expected_end is not None), default=0.0)
         waiting = []
         spare = gpus - sum(i.count for i in running if i.fixed)
         spare -= sum(i.low for i in running if not i.fixed)
@@ -238,9 +260,7 @@ class AdaptivePolicy(Policy):
             item = self._item(job, now)
             spare -= item.low * item.nodes
             waiting.append(item)
-        # the look-ahead only with every node open: few jobs in the system
-        candidate = self._candidate(running, waiting, room) if len(open_) == len(state.nodes) \
-            else (1.0, False)
+        candidate = self._candidate(running, waiting, room) if everything else (1.0, False)
         as_now = running  # the next decision sees every job that is not moved as now
         for _ in range(len(running) + 1):
             plan = self._settle(running, waiting, room, candidate, wait)
@@ -259,7 +279,7 @@ class AdaptivePolicy(Policy):
             if not back:
                 return self._reshape(state, moved, plan)
             running = [replace(i, fixed=True) if i.id in back else i for i in running]
-        free = {n: state.free(n) for n in state.nodes}
+        free = {n: state.free(n) for n in room}
         actions: list = []
         for item in waiting:
             if item.id not in plan:
@@ -273,22 +293,30 @@ class AdaptivePolicy(Policy):
             actions.append(Start(job.id, *parts[0], role_for(job, count), tuple(parts[1:])))
         return actions
 
-    def _open_nodes(self, state: State, engaged: list, now: float) -> tuple[set, dict]:
-        """The nodes a decision may change, and their free GPUs. A node with no free GPU
-        whose jobs all run on their fewest GPUs (or may not move) keeps its plan: nothing
-        can start, grow or shrink there, so a decision on a loaded cluster costs what its
-        few open nodes cost. With few jobs (the look-ahead) every node is planned."""
-        free = {n: len(state.free(n)) for n in state.nodes}
-        if len(engaged) + sum(1 for _ in islice(fifo_candidates(state, now),
-                                                LOOKAHEAD_JOBS + 1)) <= LOOKAHEAD_JOBS:
-            return set(free), free
-        open_ = {n for n, k in free.items() if k}  # a set, read in the nodes' order below
-        for job in engaged:
-            node = job.placement.node
-            if node not in open_ and len(job.gpus) > 1 and job.malleable and job.nodes == 1 \
-                    and len(job.gpus) > job.fewest and self._movable(job, now):
-                open_.add(node)
-        return open_, {n: k for n, k in free.items() if n in open_}
+    def _running(self, state: State, engaged: list[Job], movable: list[Job],
+                 free: dict[str, int], queued: int, now: float,
+                 wait: float) -> tuple[list[Item], set[str]]:
+        """The running jobs a decision plans, as items, and the nodes it plans: a job none of
+        whose moves may pay is fixed, and only the nodes where something may change are
+        planned (a move may pay, or a waiting job may take free GPUs). A decision on a loaded
+        cluster then costs what those nodes cost, and the plan does not try, node after node,
+        shrinks that cannot pay."""
+        items = [self._item(job, now, movable=True) for job in movable]
+        # the most newcomers shrinks can make room for: no more than are waiting, nor than GPUs
+        can_free = sum(free.values()) + sum(i.count - i.low for i in items)
+        newcomers = queued and sum(1 for _ in islice(fifo_candidates(state, now), can_free))
+        movers = {}
+        for item in items:
+            most = item.high if queued else item.count + free.get(item.home, 0)
+            if any(self._pays(item, c, False, newcomers, wait)
+                   for c in range(item.low, most + 1) if c != item.count and item.can(c)):
+                movers[item.id] = item
+        # the movers' nodes, with their fixed jobs; and a waiting job may take free GPUs,
+        # beside fixed jobs that need not be planned
+        homes = {i.home for i in movers.values()}
+        running = [movers.get(j.id) or self._item(j, now) for j in engaged
+                   if j.placement.node in homes]
+        return running, (homes | set(free)) if queued else homes
 
     @staticmethod
     def _reshape(state: State, moved: list[Item], plan: dict[int, tuple]) -> list:
@@ -307,7 +335,7 @@ class AdaptivePolicy(Policy):
                 gpus = tuple(sorted(pool[:count]))
                 free[node] = [g for g in free[node] if g not in gpus]
                 target = Placement(node, gpus)
-            actions.append(Suspend(job.id, target, f"adaptive: {item.count} -> {count} GPUs"))
+            actions.append(Suspend(job.id, target, _why(item, count)))
         return actions
 
     # -- the plan
@@ -318,7 +346,17 @@ class AdaptivePolicy(Policy):
         n = len(running) + len(waiting)
         if not n or n > LOOKAHEAD_JOBS:
             return 1.0, False
-        outcomes = {(c, f): play_forward(running, room, f, waiting, first=c)
+        # Nodes no job runs on are alike but for their room: the fluid model keeps, for each
+        # room, the first as many as the jobs can fill (the plan takes the first it can).
+        homes = {i.home for i in running}
+        fill = sum(i.nodes for i in [*running, *waiting])
+        alike: dict[int, int] = {}  # free nodes kept, by their room
+        kept = {}
+        for node, k in room.items():
+            if node in homes or alike.get(k, 0) < fill:
+                kept[node] = k
+                alike[k] = alike.get(k, 0) + (node not in homes)
+        outcomes = {(c, f): play_forward(running, kept, f, waiting, first=c)
                     for c in CANDIDATES for f in FUTURES}
         total = min(t for t, _ in outcomes.values()) or 1.0
         last = min(end for _, end in outcomes.values()) or 1.0
@@ -343,7 +381,7 @@ class AdaptivePolicy(Policy):
             for i in items:
                 if i.count and not i.fixed and i.home not in keep \
                         and plan.get(i.id) != ((i.home,), i.count) \
-                        and not self._pays(i, plan, newcomers, wait):
+                        and not self._pays(i, *self._target(i, plan), newcomers, wait):
                     keep[i.home] = i.id
             if not keep:
                 return plan
@@ -351,14 +389,20 @@ class AdaptivePolicy(Policy):
             items = [replace(i, fixed=True) if i.id in kept else i for i in items]
         return plan
 
-    def _pays(self, item: Item, plan: dict[int, tuple], newcomers: int, wait: float) -> bool:
-        """Does moving a running item to its planned count pay?"""
-        count = plan[item.id][1] if item.id in plan else 0
+    @staticmethod
+    def _target(item: Item, plan: dict[int, tuple]) -> tuple[int, bool]:
+        """(the count `plan` gives a running item, whether on another node)."""
+        nodes, count = plan.get(item.id, ((item.home,), 0))
+        return count, nodes != (item.home,)
+
+    def _pays(self, item: Item, count: int, elsewhere: bool, newcomers: int,
+              wait: float) -> bool:
+        """Does moving a running item to `count` GPUs (on another node if `elsewhere`) pay?"""
         if count == 0:
             return False
         before = item.work / item.speed(item.count)
         after = item.work / item.speed(count) + item.cost
-        if count > item.count or plan[item.id][0] != (item.home,):
+        if count > item.count or elsewhere:
             return before - after > self.reshape_margin * item.cost
         # Shrinking: the newcomers it makes room for gain the wait until GPUs free up.
         return wait * newcomers > (1 + self.reshape_margin) * (after - before)
@@ -399,3 +443,17 @@ class AdaptivePolicy(Policy):
                 and job.curve is not None and job.placement.share == 1
                 and job.expected_end is not None
                 and job.expected_end - now > reshape_cost(job) and settled(job, now))
+
+
+def _why(item: Item, count: int) -> str:
+    """A reshape in one line, for the event log and `marble explain`."""
+    head = f"adaptive: {item.count} -> {count} GPUs"
+    if not count:
+        return head + " (back to the FIFO: its GPUs gain more elsewhere)"
+    if item.work <= 0:
+        return head
+    before, after = item.work / item.speed(item.count), item.work / item.speed(count)
+    why = "to grow into idle GPUs" if count > item.count else \
+        "to make room for waiting jobs" if count < item.count else "on another node"
+    return (f"{head} {why}: its {before:.0f} s of work left take {after:.0f} s, for "
+            f"{item.cost:.0f} s of suspend and resume")
