@@ -283,11 +283,12 @@ class Runs:
             # restarted knew it had been asked to suspend.
             self._read_ack(live)
         live.clear_timers()
-        self._observe(live, self.clock.time())
-        end, retry_at, extra = self.outcome(live, code)
+        now = self.clock.time()  # one instant: the end recorded is where a retry counts from
+        self._observe(live, now)
+        end, retry_at, extra = self.outcome(live, code, now)
         self._check_restored(live, extra)
         progress = extra.pop("_progress")
-        self.ledger.run_ended(live.job_id, live.run_id, at=self.clock.time(), exit_code=code,
+        self.ledger.run_ended(live.job_id, live.run_id, at=now, exit_code=code,
                               reason=end.outcome.value, detail=end.why, end_step=end.end_step,
                               start_step=progress.get("start_step"), outcome=end.outcome,
                               retry_at=retry_at, **extra)
@@ -295,7 +296,8 @@ class Runs:
             self.standby.drop(live.job_id)
         self._on_end(Ended(live.job_id, end.outcome, retry_at))
 
-    def outcome(self, live: LiveRun, code: int | None) -> tuple[RunEnd, float | None, dict]:
+    def outcome(self, live: LiveRun, code: int | None,
+                now: float) -> tuple[RunEnd, float | None, dict]:
         """How the run ended, when a failed one is retried, and what its event adds."""
         spec = self.specs[live.job_id]
         suspending = self.state.jobs[live.job_id].state is JobState.SUSPENDING
@@ -315,7 +317,7 @@ class Runs:
             failures = self.ledger.failures(live.job_id)
             if failures < spec.retries:
                 delay = self.config.retry_delay * 2 ** failures
-                retry_at = self.clock.time() + delay
+                retry_at = now + delay
                 why = f"{why}; retry {failures + 1} of {spec.retries} in {delay:g} s"
                 extra["retry_in"] = delay
         return RunEnd(end.outcome, why, end.end_step), retry_at, extra
