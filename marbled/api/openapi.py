@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
-from marbled.core.spec import MAX_NAME, MAX_NODES, MAX_RETRIES, MAX_STEPS
+import copy
+import sys
 
+from marbled.core.spec import MAX_COMMAND_ARGS, MAX_NAME, MAX_NODES, MAX_RETRIES, MAX_STEPS
+
+MAX_JOB_ID = 10**18 - 1  # the largest id the API takes: 18 digits (SQLite's integers hold it)
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
-          "schema": {"type": "integer", "minimum": 1}}
+          "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
+
+
+def _one_not_in(test) -> str:
+    """A pattern for a string with a character c for which `test(c)` is false (Python's
+    str.isspace, str.isdigit, as JobSpec checks): a class of the literal characters, so
+    that every regex dialect reads it alike."""
+    chars = [c for c in map(chr, range(sys.maxunicode + 1)) if test(c)]
+    spans: list[list[str]] = []
+    for c in chars:
+        if spans and ord(spans[-1][1]) == ord(c) - 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return "[^" + "".join(a if a == b else f"{a}-{b}" for a, b in spans) + "]"
+
+
+# What shlex.split (JobSpec) makes at least one word of: quotes closed, no lone backslash
+_UNIT = r"""\\[\s\S]|'[^']*'|"(?:[^"\\]|\\[\s\S])*\""""
+COMMAND_WORDS = rf"""^[ \t\r\n]*(?:[^ \t\r\n'"\\]|{_UNIT})(?:[^'"\\]|{_UNIT})*$"""
+NO_WORDS = r"^[ \t\r\n]*$"
 
 
 def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> dict:
     errors = {code: {"description": why, "content": {"application/json": {"schema": ERROR}}}
               for code, why in (("400", "bad input; `error` says what to change"),
+                                ("401", "TCP without the broker's token"),
                                 ("403", "another user"), ("404", "no such job"),
                                 ("409", "not in this job's state (`retry`: whether it may be "
                                         "later)"), *more)}
@@ -20,22 +45,48 @@ def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> di
             **errors}
 
 
+DEPENDENCY = {"oneOf": [{"type": "integer", "minimum": 1},
+                        {"type": "string", "minLength": 1}]}
 JOB = {
     "type": "object",
     "additionalProperties": False,
-    "description": "Give either `command` or `emulate: true` (with model and steps).",
+    "description": "Give either a `command` (a string, split into words as a shell does, or "
+                   f"a list of words; at most {MAX_COMMAND_ARGS} words) or `emulate: true` "
+                   "with `model` and `steps`; without a GPU count (`gpus` 'auto'), a `model`. "
+                   "null is the same as leaving a field out.",
+    # the rules between fields (JobSpec.from_mapping, size_job)
+    "allOf": [
+        {"oneOf": [
+            {"title": "a job that runs a command", "required": ["command"], "properties": {
+                "command": {"anyOf": [
+                    {"type": "string", "pattern": COMMAND_WORDS},
+                    {"type": "array", "minItems": 1}]},
+                "emulate": {"const": False}}},
+            {"title": "an emulated job", "required": ["emulate", "model", "steps"],
+             "properties": {
+                 "emulate": {"const": True},
+                 "command": {"anyOf": [{"type": "null"},
+                                       {"type": "string", "pattern": NO_WORDS},
+                                       {"type": "array", "maxItems": 0}]},
+                 "model": {"type": "string"}, "steps": {"type": "integer"}}}]},
+        {"anyOf": [{"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
+                   {"required": ["model"], "properties": {"model": {"type": "string"}}}]},
+    ],
     "properties": {
-        "command": {"oneOf": [{"type": "string"},
-                              {"type": "array", "items": {"type": "string"}}]},
+        "command": {"anyOf": [{"type": "null"}, {"type": "string"},
+                              {"type": "array", "maxItems": MAX_COMMAND_ARGS,
+                               "items": {"type": "string"}}]},
         "emulate": {"type": "boolean", "default": False},
-        "model": {"type": "string", "minLength": 1},
-        "steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS},
-        "gpus": {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}],
+        "model": {"type": ["string", "null"], "pattern": _one_not_in(str.isspace),
+                  "description": "not only white space"},
+        "steps": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_STEPS},
+        "gpus": {"anyOf": [{"const": "auto"}, {"type": "null"},
+                           {"type": "integer", "minimum": 1}],
                  "default": "auto"},
-        "after": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"},
-                            {"type": "array", "items": {"oneOf": [
-                                {"type": "integer", "minimum": 1}, {"type": "string"}]}}]},
-        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME},
+        "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}]},
+        "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
+                 "pattern": _one_not_in(str.isdigit),
+                 "description": "not only digits (it would read as a job id)"},
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES, "default": 1,
                   "description": "run `gpus` GPUs on each of this many nodes (one process "
                                  "per node; policies marble and rigid)"},
@@ -49,6 +100,8 @@ SPEC = {
     "openapi": "3.1.0",
     "info": {"title": "marbled broker API", "version": "1",
              "description": "JSON over the broker's Unix socket (state directory)."},
+    # on the TCP listener (marbled --listen); the Unix socket checks the peer's uid instead
+    "security": [{"token": []}],
     "paths": {
         "/v1/status": {"get": {"summary": "broker, nodes, free GPUs, job counts",
                                "responses": _answer("status")}},
@@ -67,7 +120,7 @@ SPEC = {
                                   "type": "array", "minItems": 1, "maxItems": 10000,
                                   "items": {"$ref": "#/components/schemas/Job"}}}}]}}}},
                      "responses": _answer(
-                         "the accepted jobs", "201", ("413", "more than 10,000 jobs or 4 MiB"),
+                         "the accepted jobs", "201", ("413", "a body over 4 MiB"),
                          ("415", "the body is not application/json"),
                          ("503", "the broker drains or has no GPUs: submit to the next one"))},
         },
@@ -85,12 +138,29 @@ SPEC = {
             "parameters": [{"name": "model", "in": "query", "schema": {
                 "type": "string", "minLength": 1, "pattern": "\\S"}}],
             "responses": _answer("curves")}},
+        "/v1/forecast": {"get": {
+            "summary": "when each unfinished job should start and end, and the queue with it "
+                       "(the simulator from now; `reason` says why not, when it cannot)",
+            "responses": _answer("forecast")}},
         "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
                                   "responses": _answer("started", "202")}},
         "/v1/openapi.json": {"get": {"summary": "this description",
                                      "responses": _answer("OpenAPI 3.1")}},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics: jobs by state, GPUs busy and idle per node, runs, "
+                       "suspensions, acknowledgement and decision latencies, API errors",
+            "responses": {
+                "200": {"description": "the Prometheus text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                **{code: {"description": why,
+                          "content": {"application/json": {"schema": ERROR}}}
+                   for code, why in (("401", "TCP without the broker's token"),
+                                     ("403", "another user"))}}}},
     },
-    "components": {"schemas": {
+    "components": {"securitySchemes": {"token": {
+        "type": "http", "scheme": "bearer",
+        "description": "on the TCP listener: the token in STATE_DIR/token (new at every "
+                       "start); on the Unix socket, none"}}, "schemas": {
         "Job": JOB,
         "Error": {"type": "object", "required": ["error", "retry"], "properties": {
             "error": {"type": "string", "description": "what to change"},
@@ -99,3 +169,18 @@ SPEC = {
                                                         "may succeed later); false: never"}}},
     }},
 }
+
+
+def for_broker(node_gpus: int, nodes: int, models: list[str]) -> dict:
+    """SPEC with one broker's limits, as it serves it: GPUs per node (its largest node), the
+    nodes a job may span (1 under a single-node policy), and the models an emulated job may
+    name (those with a curve; also matched by alias, ignoring case and punctuation)."""
+    spec = copy.deepcopy(SPEC)
+    job = spec["components"]["schemas"]["Job"]
+    next(s for s in job["properties"]["gpus"]["anyOf"]
+         if s.get("type") == "integer")["maximum"] = node_gpus
+    job["properties"]["nodes"]["maximum"] = nodes
+    emulated = next(s for s in job["allOf"][0]["oneOf"]
+                    if s["properties"]["emulate"] == {"const": True})
+    emulated["properties"]["model"] = {"enum": sorted(models)} if models else False
+    return spec

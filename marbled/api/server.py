@@ -8,8 +8,11 @@
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
   GET  /v1/runs                every launch segment (the schedule)
   GET  /v1/curves[?model=M]    each model's curve: profile, measured, believed
+  GET  /v1/forecast            when each unfinished job should start and end (simulated)
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
   GET  /v1/openapi.json        this API as OpenAPI 3.1
+  GET  /metrics                Prometheus metrics (text format, not JSON)
+  GET  /dashboard/             the web dashboard: static files, no token (api/dashboard)
 
 Every error is a 4xx (or a 503 while the broker drains) with {"error": "...",
 "field": "...", "retry": bool}: `error` says what to change, `retry` whether the
@@ -17,6 +20,7 @@ same request may succeed later (the core's NotNow) or never will.
 
 The routes call two objects the daemon provides: `commands` (submit, cancel,
 suspend: the broker) and `views` (what it shows); nothing here imports the daemon.
+A third, `metrics`, renders /metrics and counts the errors answered.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from typing import Any
 
 from aiohttp import web
 
-from marbled.api.openapi import SPEC
+from marbled.api import dashboard
+from marbled.api.openapi import MAX_JOB_ID, for_broker
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
+from marbled.core.policy import POLICIES
 from marbled.core.spec import JobSpec, SpecError
 
 MAX_BODY = 4 * 1024 * 1024
@@ -88,6 +94,10 @@ def authorized(token: str | None) -> Callable:
                 return _error(403, f"uid {uid} may not use this broker: it belongs to uid "
                                    f"{os.geteuid()}, who started it")
             return await handler(request)
+        if dashboard.is_public(request):
+            # The dashboard's static files hold no data (its page sends the token with
+            # every /v1 request it makes): a browser may load them without the token.
+            return await handler(request)
         if token is None:
             return _error(403, "this broker answers only on its Unix socket")
         given = request.headers.get("Authorization", "")
@@ -110,30 +120,67 @@ async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamR
                            "(submit large job sets in several requests)")
     except web.HTTPException as exc:
         if exc.status >= 400:
-            return _error(exc.status, exc.reason)
+            answer = _error(exc.status, exc.reason)
+            if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
+                answer.headers["Allow"] = exc.headers["Allow"]
+            return answer
         raise
+
+
+def counted(on_error: Callable[[int], None]) -> Callable:
+    """Count every error answered, by status; outermost, so it sees the access refusals
+    and what aiohttp turns into a 500."""
+
+    @web.middleware
+    async def count(request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                on_error(exc.status)
+            raise
+        except Exception:
+            on_error(500)
+            raise
+        if response.status >= 400:
+            on_error(response.status)
+        return response
+
+    return count
 
 
 async def _json_body(request: web.Request) -> object:
     if request.content_type != "application/json":
         raise HttpRefusal(415, "send the body as JSON with Content-Type: application/json")
     try:
-        return json.loads(await request.text())
+        return json.loads(await request.text(), parse_float=_number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Invalid(f"the body is not valid JSON: {exc}") from None
 
 
+def _number(text: str) -> int | float:
+    """A JSON number: 3.0 and 3e2 are the integers 3 and 300, as JSON Schema (the OpenAPI
+    document's "integer") counts them."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 def _job_id(request: web.Request) -> int:
     raw = request.match_info["job_id"]
-    if not raw.isdigit() or len(raw) > 18:
-        raise Invalid(f"'{raw}' is not a job id; job ids are whole numbers", "id")
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_JOB_ID)):
+        raise Invalid(f"'{raw}' is not a job id; job ids are whole numbers up to "
+                      f"{MAX_JOB_ID}", "id")
     return int(raw)
 
 
 def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
-              token: str | None = None) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY,
-                          middlewares=[authorized(token), errors_as_json])
+              token: str | None = None, metrics: Any = None) -> web.Application:
+    """`metrics`: `exposition()` -> (body, content type) and `api_error(status)`."""
+    middlewares = [authorized(token), errors_as_json]
+    if metrics is not None:
+        middlewares.insert(0, counted(metrics.api_error))
+    app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
     routes = web.RouteTableDef()
 
     @routes.get("/v1/status")
@@ -148,7 +195,9 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         if not isinstance(docs, list) or not docs:
             raise Invalid("'jobs' must be a non-empty list of job objects", "jobs")
         if len(docs) > MAX_JOBS_PER_REQUEST:
-            raise HttpRefusal(413, f"at most {MAX_JOBS_PER_REQUEST} jobs per request", "jobs")
+            # 400 as for any document the schema refuses (maxItems); 413 is for the bytes
+            raise Invalid(f"at most {MAX_JOBS_PER_REQUEST} jobs per request; submit the "
+                          "rest in another request", "jobs")
         specs = []
         for i, doc in enumerate(docs):
             try:
@@ -169,7 +218,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
 
     @routes.get("/v1/jobs/{job_id}")
     async def show(request: web.Request) -> web.Response:
-        return web.json_response(views.job_detail(_job_id(request)))
+        return web.json_response(await views.job_detail(_job_id(request)))
 
     @routes.post("/v1/jobs/{job_id}/cancel")
     async def cancel(request: web.Request) -> web.Response:
@@ -187,6 +236,10 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     async def runs(request: web.Request) -> web.Response:
         return web.json_response(views.runs())
 
+    @routes.get("/v1/forecast")
+    async def forecast(request: web.Request) -> web.Response:
+        return web.json_response(await views.forecast())
+
     @routes.get("/v1/curves")
     async def curves(request: web.Request) -> web.Response:
         model = request.query.get("model")
@@ -196,7 +249,21 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(SPEC)
+        # SPEC with this broker's limits, so that what it describes is what it accepts
+        status = views.status()
+        policy = POLICIES.get(status["policy"])
+        return web.json_response(for_broker(
+            max(len(node["gpus"]) for node in status["nodes"].values()),
+            len(status["nodes"]) if policy is None or policy.multi_node else 1,
+            [m["model"] for m in views.curves()["models"]
+             if any(c["estimate"] is not None for c in m["counts"])]))
+
+    @routes.get("/metrics")  # where Prometheus looks by default; not versioned with /v1
+    async def prometheus(request: web.Request) -> web.Response:
+        if metrics is None:
+            raise NotFound("this broker keeps no metrics")
+        body, content_type = metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     @routes.post("/v1/shutdown")
     async def shutdown(request: web.Request) -> web.Response:
@@ -204,4 +271,5 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         return web.json_response({"shutdown": "started"}, status=202)
 
     app.add_routes(routes)
+    dashboard.add_routes(app.router)  # GET /dashboard/: static files, read-only page
     return app

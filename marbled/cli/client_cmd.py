@@ -1,8 +1,8 @@
 """`marble`: the client of a running broker, and the commands that need none.
 
-Commands by area: `jobs.py` (submit, status, show, cancel, suspend, schedule),
+Commands by area: `jobs.py` (submit, status, show, explain, cancel, suspend, schedule),
 `models.py` (curves), `session.py` (ready, wait, shutdown), `offline.py` (simulate,
-trace, demo).
+trace, demo), `watch.py` (watch), `report.py` (report), `dashboard.py` (dashboard).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from marbled.cli import jobs, models, offline, session
+from marbled.cli import dashboard, jobs, models, offline, report, session, watch
 from marbled.paths import default_state_dir
 
 
@@ -41,7 +41,8 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
                "json": as_json}
 
 
-for _command in (*jobs.COMMANDS, *models.COMMANDS, *session.COMMANDS, *offline.COMMANDS):
+for _command in (*jobs.COMMANDS, *models.COMMANDS, *session.COMMANDS, *offline.COMMANDS,
+                 *watch.COMMANDS, *report.COMMANDS, *dashboard.COMMANDS):
     main.add_command(_command)
 
 

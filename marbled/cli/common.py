@@ -47,6 +47,34 @@ def json_option(command: Callable) -> Callable:
                         help="Print the result as JSON (for scripts).")(command)
 
 
+def duration(seconds: float | None) -> str:
+    """12s, 3m05s, 2h14m, 3d04h: short, for tables; '-' when unknown."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    for unit, size, small, small_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                          ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit}{(s % size) // small_size:02d}{small}"
+    return f"{s}s"
+
+
+def eta_text(job: dict, forecast: dict) -> str:
+    """A running job's time left at its own speed; else when the forecast (GET
+    /v1/forecast) says it ends, marked '~' (simulated)."""
+    if job.get("eta_s") is not None:
+        return duration(job["eta_s"])
+    end = next((f["end_at"] for f in forecast["jobs"] if f["id"] == job["id"]), None)
+    return "-" if end is None else "~" + duration(end - forecast["at"])
+
+
+def forecast_text(forecast: dict) -> str:
+    if forecast["finish_at"] is not None and forecast["jobs"]:
+        return f"queue ends in ~{duration(forecast['finish_at'] - forecast['at'])} " \
+               "(simulated from now)"
+    return f"no forecast: {forecast['reason']}" if forecast["reason"] else ""
+
+
 def output(ctx: click.Context, as_json: bool, doc: object, text: Callable[[], None]) -> None:
     """Print `doc` as JSON if asked (here or on `marble`), else call `text` to print it."""
     if as_json or (ctx.find_root().obj or {}).get("json"):

@@ -1,4 +1,4 @@
-"""`marble` commands on jobs: submit, status, show, cancel, suspend, schedule."""
+"""`marble` commands on jobs: submit, status, show, explain, cancel, suspend, schedule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from marbled.cli.common import FINAL, call, client, json_option, output
+from marbled.cli.common import (
+    FINAL,
+    call,
+    client,
+    eta_text,
+    forecast_text,
+    json_option,
+    output,
+)
 from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.spec import JobSpec, SpecError
 from marbled.resources import JobFileError, load_job_file
@@ -76,13 +84,19 @@ def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, job_fi
     output(ctx, as_json, result, text)
 
 
-def _fmt_job(j: dict) -> str:
+HEADER = (f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WANT':>4} "
+          f"{'GPUS':<12} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
+
+
+def _fmt_job(j: dict, forecast: dict) -> str:
     steps = f"{j['step']}/{j['steps']}" if j["steps"] else str(j["step"] or "-")
     gpus = ",".join(map(str, j["gpus"])) or "-"
     label = j["name"] or j["model"] or " ".join(j["command"])[:20]
+    rate = f"{j['rate']:.3g}" if j.get("rate") else "-"
+    eta = eta_text(j, forecast)
     return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
-            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} "
-            f"{j['suspensions']:>4}")
+            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} {rate:>8} "
+            f"{eta:>7} {j['suspensions']:>4}")
 
 
 @click.command()
@@ -90,9 +104,16 @@ def _fmt_job(j: dict) -> str:
 @json_option
 @click.pass_context
 def status(ctx, show_all, as_json):
-    """The queue, like squeue: state, role and GPUs of every job."""
-    broker = call(client(ctx).get, "/v1/status")
-    jobs = call(client(ctx).get, "/v1/jobs")["jobs"]
+    """The queue, like squeue: state, role, GPUs, progress, speed and ETA of every job.
+
+    STEPS/S and ETA of a running job come from its own progress reports (from its
+    profile until it has trained a second); a waiting job's ETA (~) and the queue's
+    end come from the simulator, played from now on the jobs left (GET /v1/forecast).
+    """
+    api = client(ctx)
+    broker = call(api.get, "/v1/status")
+    jobs = call(api.get, "/v1/jobs")["jobs"]
+    forecast = call(api.get, "/v1/forecast")
 
     def text() -> None:
         nodes = "; ".join(f"{n}: {len(v['free'])}/{len(v['gpus'])} GPUs free"
@@ -100,13 +121,14 @@ def status(ctx, show_all, as_json):
         click.echo(f"marbled {broker['pid']} policy={broker['policy']} "
                    f"profile={broker['profile']} {nodes}"
                    + (" DRAINING" if broker["draining"] else ""))
-        click.echo(f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} "
-                   f"{'WANT':>4} {'GPUS':<12} {'STEP':>12} {'SUSP':>4}")
+        click.echo(HEADER)
         for j in jobs:
             if show_all or j["state"] not in FINAL:
-                click.echo(_fmt_job(j))
+                click.echo(_fmt_job(j, forecast))
+        if forecast_text(forecast):
+            click.echo(forecast_text(forecast))
 
-    output(ctx, as_json, {"broker": broker, "jobs": jobs}, text)
+    output(ctx, as_json, {"broker": broker, "jobs": jobs, "forecast": forecast}, text)
 
 
 @click.command()
@@ -130,7 +152,34 @@ def show(ctx, job_id, as_json):
                        + (f" (exit {r['exit_code']})" if r["exit_code"] not in (None, 0)
                           else ""))
 
+        click.echo("why:")
+        for line in job["reasons"]:
+            click.echo(f"  {line}")
+
     output(ctx, as_json, job, text)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@json_option
+@click.pass_context
+def explain(ctx, job_id, as_json):
+    """Why a job is where it is, in words.
+
+    Why this GPU count (its curve, its fastest count, what is free), why it waits
+    (the jobs ahead, a dependency, when GPUs should free up, when it should start),
+    why it was suspended or promoted, and what failed. `marble show` ends with the
+    same lines.
+    """
+    job = call(client(ctx).get, f"/v1/jobs/{job_id}")
+    doc = {"id": job["id"], "state": job["state"], "reasons": job["reasons"]}
+
+    def text() -> None:
+        click.echo(f"job {job_id} ({job['state']}):")
+        for line in job["reasons"]:
+            click.echo(f"  {line}")
+
+    output(ctx, as_json, doc, text)
 
 
 def _ask(ctx, as_json: bool, job_ids: tuple[int, ...], what: str) -> None:
@@ -183,4 +232,4 @@ def schedule(ctx, as_json, width):
     output(ctx, as_json, {"time_scale": broker["time_scale"], "runs": rows}, text)
 
 
-COMMANDS = (submit, status, show, cancel, suspend, schedule)
+COMMANDS = (submit, status, show, explain, cancel, suspend, schedule)

@@ -49,32 +49,63 @@ def wait(ctx, timeout, interval, quiet, as_json):
     """
     api = client(ctx)
     start = time.monotonic()
-    tty = sys.stderr.isatty()
+    bar = _Bar() if sys.stderr.isatty() and not quiet else None
     last_line = 0.0
-    while True:
-        jobs = call(api.get, "/v1/jobs")["jobs"]
-        counts: dict[str, int] = {}
-        for j in jobs:
-            counts[j["state"]] = counts.get(j["state"], 0) + 1
-        ended = sum(counts.get(s, 0) for s in FINAL)
-        now = time.monotonic()
-        if not quiet and (tty or now - last_line >= 10 or ended == len(jobs)):
+    try:
+        while True:
+            jobs = call(api.get, "/v1/jobs")["jobs"]
+            counts: dict[str, int] = {}
+            for j in jobs:
+                counts[j["state"]] = counts.get(j["state"], 0) + 1
+            ended = sum(counts.get(s, 0) for s in FINAL)
+            now = time.monotonic()
             parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            line = f"[{now - start:6.1f}s] {ended}/{len(jobs)} ended  {parts}"
-            click.echo(("\r" + line + "\033[K") if tty else line, err=True, nl=not tty)
-            last_line = now
-        if ended == len(jobs):
-            if tty and not quiet:
-                click.echo(err=True)
-            output(ctx, as_json, {"jobs": jobs}, lambda: None)
-            ctx.exit(0 if counts.get("done", 0) == len(jobs) else 1)
-        if timeout is not None and now - start > timeout:
-            if tty and not quiet:
-                click.echo(err=True)
-            click.echo(f"timed out after {timeout:g} s with {len(jobs) - ended} jobs not ended",
-                       err=True)
-            ctx.exit(2)
-        time.sleep(interval)
+            if bar:
+                bar.show(jobs, f"{ended}/{len(jobs)} ended  {parts}")
+            elif not quiet and (now - last_line >= 10 or ended == len(jobs)):
+                click.echo(f"[{now - start:6.1f}s] {ended}/{len(jobs)} ended  {parts}", err=True)
+                last_line = now
+            if ended == len(jobs):
+                if bar:
+                    bar.stop()
+                output(ctx, as_json, {"jobs": jobs}, lambda: None)
+                ctx.exit(0 if counts.get("done", 0) == len(jobs) else 1)
+            if timeout is not None and now - start > timeout:
+                if bar:
+                    bar.stop()
+                click.echo(f"timed out after {timeout:g} s with {len(jobs) - ended} jobs not "
+                           "ended", err=True)
+                ctx.exit(2)
+            time.sleep(interval)
+    finally:
+        if bar:
+            bar.stop()
+
+
+class _Bar:
+    """On a terminal: one progress bar of the steps trained over all jobs with a step
+    count (rich is imported only here: `marble` commands start faster without it)."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.percentage:>3.0f}% of the steps"),
+                                 TimeElapsedColumn(), console=Console(stderr=True),
+                                 transient=False)
+        self.task = self.progress.add_task("", total=None)
+        self.progress.start()
+
+    def show(self, jobs: list[dict], description: str) -> None:
+        total = sum(j["steps"] or 0 for j in jobs)
+        done = sum(min(j["step"] or 0, j["steps"] or 0) if j["state"] != "done"
+                   else j["steps"] or 0 for j in jobs)
+        self.progress.update(self.task, description=description, total=total or None,
+                             completed=done)
+
+    def stop(self) -> None:
+        self.progress.stop()
 
 
 @click.command()

@@ -29,6 +29,7 @@ from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import holders
 from marbled.daemon.learner import Learner
 from marbled.daemon.ledger import Ledger
+from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
 from marbled.store.db import Store
@@ -46,7 +47,8 @@ class Broker:
         self.specs: dict[int, JobSpec] = {}
         self.names: dict[str, int] = {}
         self._next_id = store.next_job_id()  # only this broker writes the store
-        self.ledger = Ledger(store)
+        self.metrics = BrokerMetrics(self.state)
+        self.ledger = Ledger(store, self.metrics.event)
         self.files = JobFiles(config.state_dir)
         self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
                      if config.learning and self.state.nodes else config.book)
@@ -87,6 +89,7 @@ class Broker:
         self.clock.call_at(when, self.wake)
 
     def decide(self) -> None:
+        began = time.perf_counter()  # the loop's own busy time, not self.clock (tests fake it)
         now = self.clock.time()
         for action, job in settle(self.policy, self.state, now):
             match action:
@@ -97,6 +100,7 @@ class Broker:
                 case Cancel(reason=reason):
                     self._finish(job.id, JobState.CANCELLED, reason)
         self._decide_again(self.policy.next_decision(self.state, self.clock.time()))
+        self.metrics.decision.observe(time.perf_counter() - began)
 
     def _decide_again(self, due: float | None) -> None:
         """A time-driven policy (slices, stable periods) wants to decide at `due`; one that

@@ -8,7 +8,7 @@ ORM objects: these are the broker's hot paths.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 
 from sqlalchemy import Connection, insert, select, update
@@ -32,17 +32,20 @@ JOBS, RUNS, EVENTS, GPU_SAMPLES, SAMPLES = (
 
 
 class Ledger:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store,
+                 observe: Callable[[str, int | None, dict], None] | None = None):
         self.store = store
+        # Sees every event written (kind, run id, data): the broker's metrics count them.
+        self._observe = observe or (lambda kind, run_id, data: None)
 
     def _tx(self):
         return self.store.engine.begin()
 
-    @staticmethod
-    def _log(conn: Connection, kind: str, job_id: int | None, run_id: int | None, at: float,
-             **data) -> None:
+    def _log(self, conn: Connection, kind: str, job_id: int | None, run_id: int | None,
+             at: float, **data) -> None:
         conn.execute(insert(EVENTS).values(at=at, kind=kind, job_id=job_id, run_id=run_id,
                                            data=data or None))
+        self._observe(kind, run_id, data)
 
     def event(self, kind: str, at: float, job_id: int | None = None, run_id: int | None = None,
               **data) -> None:
@@ -66,6 +69,8 @@ class Ledger:
             conn.execute(insert(EVENTS), [dict(
                 at=at, kind="submitted", job_id=a.job.id, run_id=None,
                 data={"demand": a.job.demand, "malleable": a.job.malleable}) for a in admitted])
+        for _ in admitted:
+            self._observe("submitted", None, {})
         return [SimpleNamespace(**r) for r in rows]
 
     def job_ended(self, job_id: int, state: JobState, reason: str, at: float) -> None:

@@ -95,7 +95,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
             draining.append(loop.create_task(broker.drain(reason)))
 
     token = secrets.token_urlsafe(32) if listen else None
-    app = build_app(broker, Views(broker), shutdown, token)
+    app = build_app(broker, Views(broker), shutdown, token, metrics=broker.metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     path = socket_path(config.state_dir)

@@ -54,6 +54,49 @@ def gpu_rows(runs: list) -> list[tuple[str, int]]:
                   key=lambda k: (first[k[0]], k[0], k[1]))
 
 
+def job_color(job: int) -> tuple:
+    """The colour of a job in every Gantt chart, by job id: tab20's ten strong colours, then
+    their light pairs (in tab20's own order, jobs 1 and 2 were two blues)."""
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab20"].colors
+    colors = colors[::2] + colors[1::2]
+    return colors[(job - 1) % len(colors)]
+
+
+def draw_gantt(ax, runs: list, horizon: float, max_gpus: int = 48, labels: bool = True) -> dict:
+    """Draw `runs` on `ax`: a row per GPU, a bar per run coloured by job (hatched: secondary).
+
+    A run needs job, node, gpus, role (a Role or its value), start, end and share; the
+    simulator's runs and `marble report`'s share this drawing. The rows, by (node, GPU)."""
+    runs = sorted(runs, key=lambda r: r.start)
+    rows = {key: i for i, key in enumerate(gpu_rows(runs)[:max_gpus])}
+    lanes: dict[tuple[str, int, int], list[float]] = {}  # a shared GPU's lanes: their ends
+    for run in runs:
+        for g in run.gpus:
+            key = (run.node, g)
+            if key not in rows:
+                continue
+            # A run on 1/n of a GPU is a bar 1/n as high, in a lane free at its start.
+            ends = lanes.setdefault((*key, run.share), [0.0] * run.share)
+            lane = next((i for i, e in enumerate(ends) if e <= run.start), 0)
+            ends[lane] = run.end
+            height = 0.8 / run.share
+            y = rows[key] - 0.4 + height * (lane + 0.5)
+            role = getattr(run.role, "value", run.role)
+            ax.barh(y, run.end - run.start, left=run.start, height=height,
+                    color=job_color(run.job), edgecolor="black",
+                    linewidth=0.3, hatch="///" if role == "secondary" else None)
+            if labels and run.end - run.start > horizon / 40:
+                ax.text(run.start + (run.end - run.start) / 2, y, str(run.job),
+                        ha="center", va="center", fontsize=7,
+                        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
+                              "edgecolor": "none", "alpha": 0.8})
+    ax.set_yticks(range(len(rows)), [f"{n}/gpu{g}" for n, g in rows], fontsize=7)
+    ax.invert_yaxis()
+    return rows
+
+
 def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
     """One panel per policy: a row per GPU, a bar per run (hatched: secondary)."""
     import matplotlib
@@ -61,34 +104,12 @@ def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = plt.get_cmap("tab20").colors
     horizon = max(r.makespan for r in results)
     fig, axes = plt.subplots(len(results), 1, squeeze=False, sharex=True,
                              figsize=(11, 1.2 + 0.28 * min(max_gpus, results[0].total_gpus)
                                       * len(results)))
     for ax, result in zip(axes[:, 0], results, strict=True):
-        runs = sorted(result.runs, key=lambda r: r.start)
-        rows = {key: i for i, key in enumerate(gpu_rows(runs)[:max_gpus])}
-        lanes: dict[tuple[str, int, int], list[float]] = {}  # a shared GPU's lanes: their ends
-        for run in runs:
-            for g in run.gpus:
-                key = (run.node, g)
-                if key not in rows:
-                    continue
-                # A run on 1/n of a GPU is a bar 1/n as high, in a lane free at its start.
-                ends = lanes.setdefault((*key, run.share), [0.0] * run.share)
-                lane = next((i for i, e in enumerate(ends) if e <= run.start), 0)
-                ends[lane] = run.end
-                height = 0.8 / run.share
-                y = rows[key] - 0.4 + height * (lane + 0.5)
-                ax.barh(y, run.end - run.start, left=run.start, height=height,
-                        color=colors[(run.job - 1) % len(colors)], edgecolor="black",
-                        linewidth=0.3, hatch="///" if run.role.value == "secondary" else None)
-                if run.end - run.start > horizon / 40 and len(result.jobs) <= 40:
-                    ax.text(run.start + (run.end - run.start) / 2, y, str(run.job),
-                            ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(len(rows)), [f"{n}/gpu{g}" for n, g in rows], fontsize=7)
-        ax.invert_yaxis()
+        draw_gantt(ax, result.runs, horizon, max_gpus, labels=len(result.jobs) <= 40)
         ax.axvline(result.lower_bound, color="grey", linestyle="--", linewidth=0.8)
         ax.set_title(f"{result.policy}: makespan {result.makespan:.0f} s, "
                      f"{result.suspensions} suspensions (hatched: secondary; "

@@ -1,0 +1,93 @@
+"""When a broker's queue should end: its unfinished jobs played forward in the simulator.
+
+The jobs left (running ones first, then the FIFO) are simulated from now under the
+broker's policy and curves, each with the steps it has left, so the forecast is what
+`marble simulate` would say of the same queue. Running jobs are simulated as if started
+again now (their GPUs may differ from the ones they hold), so it is a forecast, not a
+promise; it is re-made on every request. A job the simulator cannot play (no model or
+step count: a command with a fixed GPU count) leaves the forecast empty, with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from marbled.core.policy.base import Policy
+from marbled.core.profiles import ProfileBook
+from marbled.core.spec import JobSpec
+from marbled.sim.engine import Simulator, WorkloadError
+from marbled.sim.workloads import Arrival
+
+MAX_JOBS = 2000  # more would make a status request take seconds
+BUDGET_S = 2.0  # CPU time a forecast may take before it gives up
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _Budgeted:
+    """The policy, but a decision after the deadline ends the simulation."""
+
+    def __init__(self, policy: Policy, deadline: float):
+        self._policy, self._deadline = policy, deadline
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+    def decide(self, state, now: float) -> list:
+        if time.monotonic() > self._deadline:
+            raise _OverBudget
+        return self._policy.decide(state, now)
+
+
+@dataclass(frozen=True)
+class Left:
+    """An unfinished job as the forecast sees it."""
+
+    id: int
+    spec: JobSpec
+    steps_left: int
+    running: bool
+    after: tuple[int, ...] = ()  # the jobs it waits for (resolved ids)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    finish_at: float | None  # when the last job should end (None: cannot say)
+    reason: str | None  # why not
+    ends: dict[int, tuple[float, float]]  # job id -> (expected start, expected end)
+
+
+def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: list[int],
+             now: float, scale: float = 1.0, budget_s: float = BUDGET_S) -> Forecast:
+    """`scale`: broker seconds per profiled second (--time-scale for emulated jobs); a
+    simulation that needs more than `budget_s` gives up and says so."""
+    if not jobs:
+        return Forecast(now, None, {})
+    if len(jobs) > MAX_JOBS:
+        return Forecast(None, f"{len(jobs)} jobs left; forecasts stop at {MAX_JOBS}", {})
+    if len(set(node_sizes)) != 1:
+        return Forecast(None, "the simulator models nodes of one size", {})
+    for job in jobs:
+        if not job.spec.model or not job.spec.steps:
+            return Forecast(None, f"job {job.id} has no model and step count to simulate", {})
+    order = sorted(jobs, key=lambda j: (not j.running, j.id))
+    position = {j.id: i for i, j in enumerate(order, start=1)}
+    arrivals = [Arrival(0.0, JobSpec(
+        emulate=True, model=j.spec.model, steps=max(j.steps_left, 1), gpus=j.spec.gpus,
+        after=tuple(position[a] for a in j.after if a in position)))
+        for j in order]
+    fresh = type(policy)(**{o.name: getattr(policy, o.name) for o in policy.options})
+    budgeted = _Budgeted(fresh, time.monotonic() + budget_s)
+    try:
+        result = Simulator(book, budgeted, node_sizes[0], len(node_sizes)).run(arrivals)
+    except _OverBudget:
+        return Forecast(None, f"{len(jobs)} jobs left under {policy.name}: the forecast "
+                              f"would take more than {budget_s:g} s", {})
+    except (WorkloadError, RuntimeError) as exc:
+        return Forecast(None, f"cannot simulate the queue: {exc}", {})
+    ends = {j.id: (now + result.jobs[position[j.id]].first_start * scale,
+                   now + result.jobs[position[j.id]].completion * scale) for j in order}
+    return Forecast(max(end for _, end in ends.values()), None, ends)

@@ -1,0 +1,203 @@
+"""The web dashboard (GET /dashboard/) in a real headless browser against a live broker.
+
+Debian's chromium and chromium-driver (tests/debian-packages.sh installs them), driven by
+selenium, on a broker with a TCP listener running paper job set 3 (Figure 5) as emulated
+jobs. The screenshots are saved to the test's tmp_path and to test-artifacts/ at the
+repository's root (git-ignored), for people to look at after CI.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import FINAL, require_debian
+from tests.scenarios import jobset
+
+pytestmark = pytest.mark.daemon
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run")
+
+
+def _get(url: str, path: str, headers: dict | None = None):
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def listening(daemon_factory):
+    d = daemon_factory("--listen", "127.0.0.1:0", time_scale=0.04)
+    url = (d.state_dir / "endpoint").read_text().strip()
+    return d, url, (d.state_dir / "token").read_text().strip()
+
+
+def marble(state_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("MARBLE_URL", "MARBLE_TOKEN")}
+    return subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", "--state-dir",
+                           str(state_dir), *args], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_the_page_needs_no_token_and_the_api_still_does(listening):
+    d, url, token = listening
+    status, headers, body = _get(url, "/dashboard")
+    assert status == 301 and headers["Location"] == "/dashboard/"
+    for path, kind in (("/dashboard/", "text/html"), ("/dashboard/index.html", "text/html"),
+                       ("/dashboard/app.js", "text/javascript"),
+                       ("/dashboard/style.css", "text/css")):
+        status, headers, body = _get(url, path)
+        assert status == 200 and headers["Content-Type"].startswith(kind), path
+        assert "script-src 'self'" in headers["Content-Security-Policy"]
+        assert token.encode() not in body  # the files hold no data
+    status, _, body = _get(url, "/dashboard/marble.db")
+    assert status == 404 and "no file" in json.loads(body)["error"]
+    for path in ("/v1/status", "/v1/jobs", "/v1/runs", "/dashboard/../v1/jobs",
+                 "/dashboard/%2e%2e/v1/jobs"):
+        status, _, body = _get(url, path)
+        assert status == 401 and "token" in json.loads(body)["error"], path
+    status, _, body = _get(url, "/v1/status", {"Authorization": f"Bearer {token}"})
+    assert status == 200 and json.loads(body)["pid"] == d.proc.pid
+
+
+def test_marble_dashboard_prints_the_address_with_the_token(listening):
+    d, url, token = listening
+    out = marble(d.state_dir, "dashboard")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{url}/dashboard/#token={token}"
+    assert "ssh" in out.stderr and "keep it to yourself" in out.stderr
+    doc = json.loads(marble(d.state_dir, "dashboard", "--json").stdout)
+    assert doc["endpoint"] == url and doc["pid"] == d.proc.pid
+
+
+def test_marble_dashboard_without_a_listener_says_how_to_get_one(daemon, tmp_path):
+    out = marble(daemon.state_dir, "dashboard")
+    assert out.returncode == 1
+    assert "no TCP listener" in out.stderr and "marbled --listen 127.0.0.1:0" in out.stderr
+    out = marble(tmp_path / "none", "dashboard")
+    assert out.returncode == 1 and "no broker runs" in out.stderr
+
+
+@pytest.fixture
+def browser(tmp_path):
+    require_debian("chromium", "chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    options.add_argument("--window-size=1440,1000")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def screenshot(driver, tmp_path: Path, name: str) -> Path:
+    """The whole page as a PNG, in tmp_path and in test-artifacts/."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1440, max(900, min(int(height) + 20, 3000)))
+    path = tmp_path / name
+    assert driver.save_screenshot(str(path))
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(path, ARTIFACTS / name)
+    return path
+
+
+def test_the_dashboard_shows_the_jobs_the_timeline_and_updates_live(listening, browser,
+                                                                    tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d, url, token = listening
+    started = time.monotonic()
+
+    def wait(what: str, check, timeout: float = 60):
+        return WebDriverWait(browser, timeout, poll_frequency=0.2).until(
+            lambda _: check(), message=f"the page never showed {what}")
+
+    def page_states() -> dict[int, str]:
+        return browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#jobs tr[data-job-id]')]"
+            ".map(r => [r.dataset.jobId, r.querySelector('td.state .badge').textContent]))")
+
+    def bars() -> set[int]:
+        return {int(e.get_attribute("data-run-id"))
+                for e in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")}
+
+    def api_runs() -> set[int]:
+        return {r["id"] for r in d.client.get("/v1/runs")["runs"]}
+
+    browser.get(f"{url}/dashboard#token={token}")  # the redirect keeps the fragment
+    wait("the broker", lambda: str(d.proc.pid) in browser.find_element(By.ID, "broker").text)
+    assert "token" not in browser.current_url  # out of the address bar and the screenshots
+    browser.execute_script("window.sameDocument = true")  # gone if the page reloads
+
+    d.submit(*jobset(3))  # Figure 5, and a job that waits for job 1 and for GPUs
+    d.submit({"model": "resnet-50", "steps": 300, "emulate": True, "after": [1],
+              "name": "resnet-50-tune"})
+    wait("every job", lambda: set(page_states()) == {"1", "2", "3", "4"})
+    wait("job 1 running", lambda: page_states()["1"] == "running")
+    names = browser.find_element(By.ID, "jobs").text
+    assert all(name in names for name in ("resnet-50", "inception-v3", "vgg-16",
+                                          "resnet-50-tune"))
+    assert "#4 resnet-50-tune" in browser.find_element(By.ID, "queue").text
+    wait("a bar per run", lambda: bars() and bars() == api_runs(), timeout=20)
+
+    # the job clicked shows its runs and events
+    browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job-id='2']").click()
+    wait("job 2's detail", lambda: "#2 inception-v3" in browser.find_element(By.ID, "detail").text)
+
+    # job 1 ends: the page follows without a reload
+    wait("job 1 done", lambda: page_states()["1"] == "done")
+    assert browser.execute_script("return window.sameDocument === true")
+    assert int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-polls")) > 2
+
+    # job 2 was a secondary, suspended and promoted: two runs, their events in its detail
+    wait("job 2 promoted", lambda: len(browser.find_elements(
+        By.CSS_SELECTOR, "#detail tr[data-run-id]")) == 2)
+    events = browser.find_element(By.CSS_SELECTOR, "#detail .events").text
+    assert "suspended" in events and "resumed" in events
+    wait("a bar per run", lambda: bars() == api_runs(), timeout=20)
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar.secondary")
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar.primary")
+    d.wait_for(lambda: d.client.get("/v1/jobs/2")["step"] >= 1100, what="job 2 half-way")
+    polls = int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-polls"))
+    wait("a new poll", lambda: int(browser.find_element(By.TAG_NAME, "body")
+                                   .get_attribute("data-polls")) > polls)
+    screenshot(browser, tmp_path, "dashboard-live.png")
+
+    # the end: every job done, every run a bar, the schedule of Figure 5
+    wait("every job done", lambda: set(page_states().values()) == {"done"}, timeout=90)
+    assert {j["state"] for j in d.jobs()} <= FINAL
+    wait("a bar per run", lambda: bars() == api_runs(), timeout=20)
+    assert browser.execute_script("return window.sameDocument === true")
+    browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)  # every job undimmed
+    wait("the detail closed", lambda: "Click a job" in browser.find_element(By.ID, "detail").text)
+    screenshot(browser, tmp_path, "dashboard-done.png")
+
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    print(f"dashboard test: {time.monotonic() - started:.1f} s with the browser")
