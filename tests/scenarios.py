@@ -93,3 +93,17 @@ def db_rows(db: Path, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def as_schema_version_1(path) -> None:
+    """Turn a current database back into what marbled with schema version 1 wrote."""
+    con = sqlite3.connect(path)
+    for column in ("devices", "share"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    for column in ("nodes", "retries", "failures", "not_before", "max_share"):
+        con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    con.execute("DROP TABLE gpu_samples")
+    con.execute("DROP TABLE samples")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()

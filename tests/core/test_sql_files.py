@@ -8,6 +8,7 @@ import pytest
 
 from marbled.resources import sql_path
 from marbled.store.db import SCHEMA_VERSION, SchemaError, Store, migrate
+from tests.scenarios import as_schema_version_1
 
 
 def _columns(con: sqlite3.Connection) -> dict[str, list[tuple]]:
@@ -35,24 +36,10 @@ def test_staff_reports_run_on_a_store(tmp_path):
             con.execute(query).fetchall()
 
 
-def _as_version_1(path) -> None:
-    """Turn a current database back into what marbled with schema version 1 wrote."""
-    con = sqlite3.connect(path)
-    for column in ("devices", "share"):
-        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    for column in ("nodes", "retries", "failures", "not_before", "max_share"):
-        con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
-    con.execute("DROP TABLE gpu_samples")
-    con.execute("DROP TABLE samples")
-    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
-    con.commit()
-    con.close()
-
-
 def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     path = tmp_path / "marble.db"
     Store(path).close()
-    _as_version_1(path)
+    as_schema_version_1(path)
     con = sqlite3.connect(path)
     con.execute("INSERT INTO jobs (id, demand, malleable, command, emulate, after, state, step,"
                 " suspensions, submitted_at) VALUES (1, 3, 1, '[]', 1, '[]', 'suspended', 42,"

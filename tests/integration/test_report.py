@@ -22,7 +22,7 @@ from marbled.cli.report import between, gpu_seconds, in_use, load_queries, timel
 from marbled.paths import DB_NAME
 from marbled.resources import load_profile
 from tests.conftest import start_daemon
-from tests.scenarios import jobset, training
+from tests.scenarios import as_schema_version_1, jobset, training
 
 pytestmark = pytest.mark.daemon
 
@@ -305,13 +305,8 @@ def test_errors_say_what_is_wrong(db, reports, tmp_path):
 
     older = tmp_path / "older.db"  # what marbled wrote with schema version 1
     shutil.copy(db, older)
+    as_schema_version_1(older)
     con = sqlite3.connect(older)
-    for column in ("devices", "share"):
-        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    for column in ("nodes", "retries", "failures", "not_before", "max_share"):
-        con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
-    con.execute("DROP TABLE gpu_samples")
-    con.execute("DROP TABLE samples")
     con.execute("DELETE FROM meta WHERE key = 'schema_version'")  # version 1 wrote none
     con.commit()
     con.close()
