@@ -200,6 +200,15 @@ class State:
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
         self._with_deps: set[int] = set()  # never started and waiting for dependencies
+        # Where each job stands with its dependencies, kept up to date as jobs change, so a
+        # decision reads only the jobs that can start (a queue of thousands of jobs waiting
+        # for others was read whole at every decision): jobs that depend on each job (by
+        # id, whether it exists yet or not); the queued jobs whose dependency can never be
+        # met; the ids of waiting jobs that are ready, ascending.
+        self._dependents: dict[int, set[int]] = {}
+        self._broken: set[int] = set()
+        self._ready: list[int] = []
+        self._is_ready: set[int] = set()
         self._unfinished = 0
         jobs, self.jobs = self.jobs, {}
         for job in jobs.values():
@@ -218,6 +227,11 @@ class State:
     def waiting(self) -> Iterator[Job]:
         """Jobs waiting for GPUs, in FIFO order."""
         return (self.jobs[i] for i in self._waiting)
+
+    def ready(self) -> Iterator[Job]:
+        """The waiting jobs whose dependencies are all done, in FIFO order: those of
+        `waiting()` whose `dependency_status()` is "ready"."""
+        return (self.jobs[i] for i in self._ready)
 
     def engaged(self) -> list[Job]:
         """Jobs that hold or have reserved GPUs, oldest first."""
@@ -241,8 +255,7 @@ class State:
     def broken(self) -> list[int]:
         """Queued jobs whose dependency failed, was cancelled or does not exist, oldest first:
         they can never start."""
-        return sorted(i for i in self._with_deps
-                      if dependency_status(self.jobs[i], self) == "broken")
+        return sorted(self._broken)
 
     @property
     def unfinished(self) -> int:
@@ -394,4 +407,36 @@ class State:
             self._with_deps.discard(new.id)
         self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
         self.jobs[new.id] = new
+        if new.after and old is None:
+            for dep in new.after:
+                self._dependents.setdefault(dep, set()).add(new.id)
+        self._classify(new.id)
+        if new.id in self._dependents and (old is None or _outcome(old) != _outcome(new)):
+            for other in self._dependents[new.id]:
+                if other in self.jobs:
+                    self._classify(other)
         return new
+
+    def _classify(self, job_id: int) -> None:
+        """Update where the job stands with its dependencies (in `ready()`, `broken()`)."""
+        job = self.jobs[job_id]
+        status = dependency_status(job, self) if job.after else "ready"
+        if status == "broken" and job.state is JobState.QUEUED:
+            self._broken.add(job_id)
+        else:
+            self._broken.discard(job_id)
+        ready = job.waiting and status == "ready"
+        if ready != (job_id in self._is_ready):
+            if ready:
+                self._is_ready.add(job_id)
+                insort(self._ready, job_id)
+            else:
+                self._is_ready.discard(job_id)
+                del self._ready[bisect_left(self._ready, job_id)]
+
+
+def _outcome(job: Job) -> str:
+    """What a job's state means to the jobs that depend on it (`dependency_status`)."""
+    if job.state is JobState.DONE:
+        return "done"
+    return "broken" if job.state in (JobState.FAILED, JobState.CANCELLED) else "open"

@@ -145,27 +145,40 @@ def fifo_candidates(state: State, now: float = 0.0) -> Iterator[Job]:
     Jobs still waiting for a dependency are skipped, as the paper schedules "the
     next job which is marked as independent"; so are jobs that wait out a retry
     back-off (until `not_before`), without holding up the queue, and jobs whose
-    dependency can never be met (`decide()` cancels them).
+    dependency can never be met (`decide()` cancels them). The state keeps the ready
+    jobs apart (`State.ready()`): jobs held by their dependencies cost nothing here.
     """
-    for job in state.waiting():
+    for job in state.ready():
         if job.not_before is not None and job.not_before > now:
             continue
-        if dependency_status(job, state) == "ready":
-            yield job
+        yield job
 
 
 def take_nodes(free: dict[str, list[int]], count: int,
                want: Callable[[str], int]) -> list[tuple[str, tuple[int, ...]]] | None:
     """`want(node)` of the lowest free GPUs on each of the first `count` nodes that have
-    them, taken out of `free`; None (and `free` untouched) if fewer nodes have them."""
-    chosen = [n for n in free if len(free[n]) >= want(n)][:count]
-    if len(chosen) < count:
+    them, taken out of `free`; None (and `free` untouched) if fewer nodes have them.
+
+    A node left with no free GPU is dropped from `free` (`want` is at least 1, so it could
+    never be chosen again): a decision that starts one job after another on many nodes
+    no longer reads every full node again for each job."""
+    chosen = []
+    for n, gpus in free.items():
+        k = want(n)
+        if len(gpus) >= k:
+            chosen.append((n, k))
+            if len(chosen) == count:
+                break
+    else:
         return None
     parts = []
-    for n in chosen:
-        k = want(n)
-        parts.append((n, tuple(free[n][:k])))
-        free[n] = free[n][k:]
+    for n, k in chosen:
+        gpus = free[n]
+        parts.append((n, tuple(gpus[:k])))
+        if len(gpus) > k:
+            free[n] = gpus[k:]
+        else:
+            del free[n]
     return parts
 
 

@@ -31,6 +31,7 @@ did reshaped jobs it had just started.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -78,34 +79,29 @@ def p_min_units(job: Job) -> int:
 def dhondt(minimum: list[int], votes: list[int], seats: int, steps=None) -> list[int]:
     """Add `seats` to `minimum`, each to the largest votes/(share+1) below its vote.
     `steps[k](s)`: job k's next share after s (default s + 1; a job whose curve rules some
-    counts out jumps them, taking as many seats at once)."""
+    counts out jumps them, taking as many seats at once).
+
+    The quotients wait in a heap (largest first, ties to the older job): a seat costs
+    O(log jobs), not a look at every job. A job whose next step takes more seats than are
+    left is dropped for good, as the seats only ever shrink."""
     out = list(minimum)
-    while seats > 0:
-        after = [steps[k](out[k]) if steps else out[k] + 1 for k in range(len(out))]
-        open_ = [k for k in range(len(out)) if after[k] is not None
-                 and after[k] <= votes[k] and after[k] - out[k] <= seats]
-        if not open_:
-            break
-        best = max(open_, key=lambda k: (votes[k] / after[k], -k))
-        seats -= after[best] - out[best]
-        out[best] = after[best]
+
+    def offer(k: int) -> None:
+        after = steps[k](out[k]) if steps else out[k] + 1
+        if after is not None and after <= votes[k]:
+            heapq.heappush(quotients, (-(votes[k] / after), k, after))
+
+    quotients: list[tuple[float, int, int]] = []
+    for k in range(len(out)):
+        offer(k)
+    while seats > 0 and quotients:
+        _, k, after = heapq.heappop(quotients)
+        if after - out[k] > seats:
+            continue
+        seats -= after - out[k]
+        out[k] = after
+        offer(k)
     return out
-
-
-def fit(room: dict[str, int], share: int, low: int, prefer: str | None = None,
-        job: Job | None = None) -> tuple[str, int] | None:
-    """(node, GPU count) for a job of `share` GPUs that accepts `low`, given the vacant GPUs
-    per node: the preferred node if its share fits there, else the first node it fits on,
-    else the node with most room if that holds `low` (as many as `job` can run on); None
-    if no node does."""
-    if prefer is not None and room.get(prefer, 0) >= share:
-        return prefer, share
-    first = next((n for n in room if room[n] >= share), None)
-    if first is not None:
-        return first, share
-    node = max(room, key=room.__getitem__)
-    count = job.fit(room[node]) if job is not None else room[node]
-    return (node, count) if count is not None and count >= low else None
 
 
 def split(free_units: int, runs: int) -> int | None:
@@ -139,9 +135,11 @@ def plan(candidates: Iterable[Job], free: dict[str, dict[int, int]],
     if not total:
         return {}
     jobs, need = [], 0  # read the queue only as far as it can matter
+    low: dict[int, int] = {}  # p_min of each job read, worked out once per plan
     for job in candidates:
         jobs.append(job)
-        need += p_min_units(job)
+        low[job.id] = p_min(job)
+        need += UNITS // job.max_share if shares(job) else UNITS * low[job.id]
         if need >= total:
             break
     held = {(p.node, g) for p in homes.values() for g in p.gpus}
@@ -149,9 +147,9 @@ def plan(candidates: Iterable[Job], free: dict[str, dict[int, int]],
     vacant = _Vacant({n: sorted((g for g, u in gpus.items() if u == UNITS),
                                 key=lambda g, n=n: ((n, g) in held, g))
                       for n, gpus in free.items()})
-    if sum(p_min(j) for j in jobs) < sum(vacant.room.values()):
-        return _by_node(jobs, vacant, homes)
-    return _congested(jobs, free, vacant, homes)
+    if sum(low.values()) < sum(vacant.room.values()):
+        return _by_node(jobs, vacant, homes, low)
+    return _congested(jobs, free, vacant, homes, low)
 
 
 class _Vacant:
@@ -167,6 +165,46 @@ class _Vacant:
         self.room = {n: len(v) for n, v in gpus.items()}
         self.promised: list[tuple[Job, str, int, Placement | None]] = []
         self.claimed: set[tuple[str, int]] = set()  # GPUs promised to the jobs on them
+        self.kept: dict[str, int] = {}  # room kept for running jobs further down the queue
+        self._nodes = list(gpus)
+        self._index = {n: i for i, n in enumerate(self._nodes)}
+        # (less what is kept?, share) -> no node before this index has room for that share:
+        # room only shrinks, so a first-fit search goes on from where the last one stopped.
+        self._first: dict[tuple[bool, int], int] = {}
+
+    def keep(self, node: str, count: int) -> None:
+        self.kept[node] = self.kept.get(node, 0) + count
+
+    def release(self, node: str, count: int) -> None:
+        """Room kept on `node` is no longer kept: a search for room less what is kept must
+        look at that node again."""
+        self.kept[node] -= count
+        i = self._index.get(node)
+        if i is not None:
+            for key, first in self._first.items():
+                if key[0] and first > i:
+                    self._first[key] = i
+
+    def _avail(self, node: str, less_kept: bool) -> int:
+        return self.room[node] - self.kept.get(node, 0) if less_kept else self.room[node]
+
+    def _fit(self, share: int, low: int, prefer: str | None, job: Job,
+             less_kept: bool) -> tuple[str, int] | None:
+        """(node, GPU count) for a job of `share` GPUs that accepts `low`, on the vacant GPUs
+        per node (less what is kept for others, if `less_kept`): the preferred node if its
+        share fits there, else the first node it fits on, else the node with most room if
+        that holds `low` (as many as `job` can run on); None if no node does."""
+        if prefer is not None and prefer in self.room and self._avail(prefer, less_kept) >= share:
+            return prefer, share
+        nodes, i = self._nodes, self._first.get((less_kept, share), 0)
+        while i < len(nodes) and self._avail(nodes[i], less_kept) < share:
+            i += 1
+        self._first[less_kept, share] = i
+        if i < len(nodes):
+            return nodes[i], share
+        node = max(nodes, key=lambda n: self._avail(n, less_kept))
+        count = job.fit(self._avail(node, less_kept))
+        return (node, count) if count is not None and count >= low else None
 
     def unclaimed(self, node: str, g: int) -> bool:
         return self.room[node] > 0 and g in self.gpus[node] and (node, g) not in self.claimed
@@ -181,16 +219,16 @@ class _Vacant:
         self.room[node] -= 1
 
     def promise(self, job: Job, count: int, homes: dict[int, Placement],
-                kept: dict[str, int] | None = None) -> bool:
-        """`count` GPUs (or as many as p_min allows) of one node for `job`, if any fits: if
-        it can, outside the room `kept` for others."""
+                least: int | None = None) -> bool:
+        """`count` GPUs (or as many as p_min allows: `least`, if known) of one node for
+        `job`, if any fits: if it can, outside the room `kept` for others."""
         home = homes.get(job.id)
         prefer = home.node if home else None
+        least = p_min(job) if least is None else least
         spot = None
-        if kept:
-            spot = fit({n: r - kept.get(n, 0) for n, r in self.room.items()}, count,
-                       p_min(job), prefer, job)
-        spot = spot or fit(self.room, count, p_min(job), prefer, job)
+        if self.kept:
+            spot = self._fit(count, least, prefer, job, True)
+        spot = spot or self._fit(count, least, prefer, job, False)
         if spot is None:
             return False
         self.promise_on(job, *spot, home)
@@ -222,27 +260,37 @@ class _Vacant:
         return grants
 
 
-def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement]) -> dict[int, Grant]:
+def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement],
+             least: dict[int, int]) -> dict[int, Grant]:
     """Whole GPUs, node by node. Each job is given a node -- a running one its own, the
     others in FIFO order the node with most GPUs left over the minimums given so far -- and
     each node's vacant GPUs are shared among its jobs: p_max each if they fit, else p_min
-    and D'Hondt for the rest. A job is never moved to another node with the same count."""
+    and D'Hondt for the rest. A job is never moved to another node with the same count.
+    `least`: each job's p_min."""
     left = dict(vacant.room)
     on: dict[str, list[Job]] = {n: [] for n in left}
-    running = [j for j in jobs if j.id in homes and left[homes[j.id].node] >= p_min(j)]
+    running = [j for j in jobs if j.id in homes and left[homes[j.id].node] >= least[j.id]]
     for job in running:
-        left[homes[job.id].node] -= p_min(job)
+        left[homes[job.id].node] -= least[job.id]
         on[homes[job.id].node].append(job)
-    for job in (j for j in jobs if j not in running):
-        node = max((n for n in left if left[n] >= p_min(job)), key=left.__getitem__,
-                   default=None)
-        if node is None:
+    placed = {j.id for j in running}
+    # The node with most left (the first in node order on ties) tops a heap; an entry whose
+    # count has changed since is stale and dropped when it comes up.
+    order = {n: i for i, n in enumerate(left)}
+    most = [(-r, i, n) for i, (n, r) in enumerate(left.items())]
+    heapq.heapify(most)
+    for job in (j for j in jobs if j.id not in placed):
+        while most and -most[0][0] != left[most[0][2]]:
+            heapq.heappop(most)
+        if not most or left[most[0][2]] < least[job.id]:
             break  # strict FIFO: the jobs behind it get nothing this time
-        left[node] -= p_min(job)
+        node = heapq.heappop(most)[2]
+        left[node] -= least[job.id]
+        heapq.heappush(most, (-left[node], order[node], node))
         on[node].append(job)
     for node, mine in on.items():
         mine.sort(key=lambda j: j.id)
-        low, high = [p_min(j) for j in mine], [j.demand for j in mine]
+        low, high = [least[j.id] for j in mine], [j.demand for j in mine]
         seats = vacant.room[node]
         counts = high if sum(high) <= seats else dhondt(low, high, seats - sum(low),
                                                         [grow(j) for j in mine])
@@ -252,22 +300,23 @@ def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement]) -> d
 
 
 def _congested(jobs: list[Job], free: dict[str, dict[int, int]], vacant: _Vacant,
-               homes: dict[int, Placement]) -> dict[int, Grant]:
-    """Every job p_min; jobs that may share spread over the GPUs with room (case 4)."""
+               homes: dict[int, Placement], least: dict[int, int]) -> dict[int, Grant]:
+    """Every job p_min (`least`); jobs that may share spread over the GPUs with room (case
+    4)."""
     spread: dict[tuple[str, int], list[Job]] = {}  # GPU -> jobs sharing it from now on
     partial = [(n, g) for n, gpus in free.items() for g, u in gpus.items() if u < UNITS]
     # Room on their own node kept for the running jobs further down the queue, so that an
     # earlier job goes elsewhere if it can rather than move them at the same count.
-    kept: dict[str, int] = {}
+    sharing = {j.id for j in jobs if shares(j)}
     for job in jobs:
-        if job.id in homes and not shares(job):
-            kept[homes[job.id].node] = kept.get(homes[job.id].node, 0) + p_min(job)
+        if job.id in homes and job.id not in sharing:
+            vacant.keep(homes[job.id].node, least[job.id])
     for job in jobs:
-        if not shares(job):
+        if job.id not in sharing:
             home = homes.get(job.id)
             if home is not None:
-                kept[home.node] -= p_min(job)
-            if not vacant.promise(job, p_min(job), homes, kept):
+                vacant.release(home.node, least[job.id])
+            if not vacant.promise(job, least[job.id], homes, least[job.id]):
                 break
             continue
         home = homes.get(job.id)

@@ -26,6 +26,7 @@ Choices where the paper leaves room or does not fit a node-level broker:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Iterator
 
 from marbled.core.model import Job, JobState, State, Suspend
 from marbled.core.policy.base import Option, Policy, fifo_candidates, resizing
@@ -61,7 +62,7 @@ class MalleableEquipartition(Policy):
                 gpus[g] = gpus.get(g, 0) + UNITS // p.share
         everything = in_node_order(state, free)
         free = {n: dict(gpus) for n, gpus in everything.items()}
-        waiting = list(fifo_candidates(state, now))
+        waiting = _Replay(fifo_candidates(state, now))  # read only as far as a plan goes
         kept: set[int] = set()  # running jobs a reshape would give back their own count
         for _ in range(len(movable) + 1):
             running = [j for j in movable if j.id not in kept]
@@ -88,7 +89,7 @@ class MalleableEquipartition(Policy):
         return []
 
     @staticmethod
-    def _plan(waiting: list[Job], running: list[Job], free: dict[str, dict[int, int]],
+    def _plan(waiting: Iterable[Job], running: list[Job], free: dict[str, dict[int, int]],
               staying: list[Job]) -> dict:
         """The Equipartition plan for the waiting and running jobs in FIFO order; `staying`
         are those that run now (the others count as waiting)."""
@@ -96,6 +97,26 @@ class MalleableEquipartition(Policy):
         return plan(heapq.merge(waiting, running, key=lambda j: j.id),
                     {n: gpus for n, gpus in room.items() if gpus},
                     {j.id: j.placement for j in staying})
+
+
+class _Replay:
+    """The waiting jobs, read lazily and kept: each plan of a decision reads them from the
+    front again, but only as far as it needs (a plan stops once the queue fills the GPUs),
+    so a decision costs what the head of a long queue costs, not the whole queue."""
+
+    def __init__(self, jobs: Iterator[Job]):
+        self._jobs, self._read = jobs, []
+
+    def __iter__(self) -> Iterator[Job]:
+        i = 0
+        while True:
+            if i == len(self._read):
+                job = next(self._jobs, None)
+                if job is None:
+                    return
+                self._read.append(job)
+            yield self._read[i]
+            i += 1
 
 
 def _count(p) -> tuple[int, int] | None:

@@ -6,7 +6,9 @@ node has the GPUs it asked for, and the jobs behind it wait too.
 
 from __future__ import annotations
 
-from marbled.core.model import Role, State
+from collections.abc import Callable
+
+from marbled.core.model import Job, Role, State
 from marbled.core.policy.base import Policy, fifo_candidates, start_on, take_nodes
 
 
@@ -18,11 +20,28 @@ class WholeNodeFifo(Policy):
     def choose(self, state: State, now: float) -> list:
         actions: list = []
         free = {name: state.free(name) for name in state.nodes_with_free_gpus()}
+        size = {name: state.nodes[name].size for name in free}
         for job in fifo_candidates(state, now):
-            parts = take_nodes(free, job.nodes, lambda name, job=job: (
-                job.demand if not job.malleable else job.fit(state.nodes[name].size) or
-                job.demand))
+            if not free:
+                break  # every GPU is taken: no job behind can start either
+            parts = take_nodes(free, job.nodes, _whole_node(job, size))
             if parts is None:
                 break  # strict FIFO: the head blocks the queue
             actions.append(start_on(job, parts, Role.PRIMARY))
         return actions
+
+
+def _whole_node(job: Job, size: dict[str, int]) -> Callable[[str], int]:
+    """How many GPUs `job` takes on a node: its count, or (resizable) all the node holds
+    that it can run on; worked out once per node size, not once per node."""
+    if not job.malleable:
+        return lambda _name: job.demand
+    counts: dict[int, int] = {}
+
+    def want(name: str) -> int:
+        n = size[name]
+        if n not in counts:
+            counts[n] = job.fit(n) or job.demand
+        return counts[n]
+
+    return want

@@ -52,13 +52,15 @@ class TimeslicePolicy(Policy):
         free = {n: state.free(n) for n in state.nodes}
         queue = self._queue(state, now)
         head = None
+        most = max(map(len, free.values()), default=0)  # no node has more free GPUs
         for job in queue:
-            fits = [n for n in free if len(free[n]) >= job.demand]
-            if not fits:
+            node = next((n for n in free if len(free[n]) >= job.demand), None) \
+                if job.demand <= most else None
+            if node is None:
                 head = job
                 break
-            gpus, free[fits[0]] = free[fits[0]][: job.demand], free[fits[0]][job.demand:]
-            actions.append(Start(job.id, fits[0], tuple(gpus), Role.PRIMARY))
+            gpus, free[node] = free[node][: job.demand], free[node][job.demand:]
+            actions.append(Start(job.id, node, tuple(gpus), Role.PRIMARY))
         if head is None:
             return actions
         # Someone waits: make room for the next in line from runs whose slice is over.
