@@ -138,6 +138,7 @@ def sample_main(pid: int, name: str, interval: float) -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)  # the SIGTERM of a short run must not find the default handler
     counts: dict[int, int] = {}
     first = last = None  # the sampled span: first to last sample with a job running
     last_seen = None
@@ -163,6 +164,7 @@ class Sampler:
             self.proc = subprocess.Popen(
                 [sys.executable, __file__, "--_sample", str(pid), name, str(interval_ms / 1000)],
                 stdout=subprocess.PIPE, text=True)
+            self.proc.stdout.readline()  # "ready": it counts, and a SIGTERM stops it cleanly
 
     def stop(self) -> dict | None:
         if not self.proc:

@@ -8,6 +8,7 @@ import sys
 from marbled.core.spec import MAX_COMMAND_ARGS, MAX_NAME, MAX_NODES, MAX_RETRIES, MAX_STEPS
 
 MAX_JOB_ID = 10**18 - 1  # the largest id the API takes: 18 digits (SQLite's integers hold it)
+MAX_PAGE = 10_000  # GET /v1/jobs?limit=: the most jobs a page may ask for
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
@@ -106,10 +107,22 @@ SPEC = {
         "/v1/status": {"get": {"summary": "broker, nodes, free GPUs, job counts",
                                "responses": _answer("status")}},
         "/v1/jobs": {
-            "get": {"summary": "all jobs in FIFO order",
-                    "parameters": [{"name": "state", "in": "query", "schema": {"enum": [
-                        "queued", "running", "suspending", "suspended", "done", "failed",
-                        "cancelled"]}}],
+            "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "
+                               "continues the page, null at the end",
+                    "parameters": [
+                        {"name": "state", "in": "query", "style": "form", "explode": True,
+                         "description": "only jobs in these states (repeat it: "
+                                        "state=queued&state=running)",
+                         "schema": {"type": "array", "items": {"enum": [
+                             "queued", "running", "suspending", "suspended", "done",
+                             "failed", "cancelled"]}}},
+                        {"name": "limit", "in": "query",
+                         "description": "at most this many jobs (all if absent)",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+                        {"name": "after", "in": "query",
+                         "description": "only jobs with a greater id (the cursor: the last "
+                                        "page's `next`)",
+                         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}],
                     "responses": _answer("jobs")},
             "post": {"summary": "submit one job, or {'jobs': [...]} all or none",
                      "requestBody": {"required": True, "content": {"application/json": {

@@ -2,7 +2,9 @@
 
   GET  /v1/status              broker, nodes, free GPUs, job counts
   POST /v1/jobs                submit: one job object, or {"jobs": [...]}
-  GET  /v1/jobs[?state=S]      list jobs (FIFO order)
+  GET  /v1/jobs[?state=S&limit=N&after=ID]
+                               list jobs (FIFO order): in state S (repeatable), the first N
+                               after job ID; `next` is the `after` of the next page
   GET  /v1/jobs/{id}           one job with its runs
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
@@ -37,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from marbled.api import dashboard
-from marbled.api.openapi import MAX_JOB_ID, for_broker
+from marbled.api.openapi import MAX_JOB_ID, MAX_PAGE, for_broker
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES
@@ -174,6 +176,16 @@ def _job_id(request: web.Request) -> int:
     return int(raw)
 
 
+def _whole(request: web.Request, name: str, least: int, most: int) -> int | None:
+    """A whole-number query parameter within [least, most], or None when absent."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or not least <= int(raw) <= most:
+        raise Invalid(f"{name} must be a whole number from {least} to {most}", name)
+    return int(raw)
+
+
 def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
               token: str | None = None, metrics: Any = None) -> web.Application:
     """`metrics`: `exposition()` -> (body, content type) and `api_error(status)`."""
@@ -205,16 +217,25 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
             except SpecError as exc:
                 where = f"jobs[{i}].{exc.field}" if many else exc.field
                 raise Invalid(f"{where}: {exc.message}", where) from None
-        jobs = [views.job(r) for r in commands.submit(specs)]
+        # Admitted now; durable once the group commit that carries them is done (the
+        # submissions that arrive together share one transaction): only then the 201.
+        rows, durable = commands.submit_grouped(specs)
+        jobs = [views.job(r) for r in rows]
+        await asyncio.shield(durable)
         return web.json_response({"jobs": jobs}, status=201)
 
     @routes.get("/v1/jobs")
     async def list_jobs(request: web.Request) -> web.Response:
-        wanted = request.query.get("state")
-        if wanted is not None and wanted not in {s.value for s in JobState}:
-            raise Invalid(f"unknown state '{wanted}'; use one of "
-                          f"{', '.join(s.value for s in JobState)}", "state")
-        return web.json_response({"jobs": views.jobs(wanted)})
+        states = tuple(request.query.getall("state", ()))
+        known = {s.value for s in JobState}
+        for wanted in states:
+            if wanted not in known:
+                raise Invalid(f"unknown state '{wanted}'; use one of "
+                              f"{', '.join(s.value for s in JobState)}", "state")
+        limit = _whole(request, "limit", 1, MAX_PAGE)
+        after = _whole(request, "after", 0, MAX_JOB_ID)
+        jobs, more = views.jobs(states, after or 0, limit)
+        return web.json_response({"jobs": jobs, "next": more})
 
     @routes.get("/v1/jobs/{job_id}")
     async def show(request: web.Request) -> web.Response:

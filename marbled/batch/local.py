@@ -17,8 +17,9 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from marbled.batch.base import (
@@ -81,15 +82,47 @@ def _go_run_id(path: str) -> int | None:
 
 @dataclass
 class LocalRun:
-    process: asyncio.subprocess.Process
+    """A run started here: our child, watched through a pidfd (no thread per child)."""
+
+    process: subprocess.Popen
     pid: int
     pid_start: int | None
+    _exit: asyncio.Future | None = field(default=None, repr=False)
 
     async def wait(self) -> int:
-        return await self.process.wait()
+        if self._exit is None:
+            self._exit = watch_exit(self.process)
+        return await asyncio.shield(self._exit)
 
     def signal(self, sig: int) -> bool:
         return signal_group(self.pid, sig)
+
+
+def watch_exit(process: subprocess.Popen) -> asyncio.Future:
+    """A future of the child's exit code (negative: the signal that ended it), set by the
+    loop when the child's pidfd becomes readable: no thread and no SIGCHLD handler."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    if process.poll() is not None:
+        done.set_result(process.returncode)
+        return done
+    try:
+        fd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): a thread waits
+        task = loop.run_in_executor(None, process.wait)
+        task.add_done_callback(lambda t: done.done() or done.set_result(t.result()))
+        return done
+
+    def exited() -> None:
+        if process.poll() is None:  # spurious: the child still runs
+            return
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not done.done():
+            done.set_result(process.returncode)
+
+    loop.add_reader(fd, exited)
+    return done
 
 
 @dataclass
@@ -118,9 +151,21 @@ class LocalLauncher:
         return AdoptedRun(pid, pid_start)
 
     async def launch(self, request: LaunchRequest) -> LocalRun:
+        """Start the run's process. The fork and exec (milliseconds for a broker of some
+        size) and the opening of its logs happen in a worker thread, off the event loop."""
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
-        proc = await start_process(request.argv, request, env)
-        return LocalRun(proc, proc.pid, process_start_time(proc.pid))
+        proc, start = await asyncio.get_running_loop().run_in_executor(
+            None, _spawn, request.argv, request, env)
+        return LocalRun(proc, proc.pid, start)
+
+
+def _spawn(argv, request: LaunchRequest, env: dict[str, str]) -> tuple[subprocess.Popen,
+                                                                     int | None]:
+    """Start `argv` for a run (in a worker thread); the process and its start time."""
+    with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
+        proc = subprocess.Popen(argv, cwd=request.cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True)
+    return proc, process_start_time(proc.pid)
 
 
 async def start_process(argv, request: LaunchRequest,

@@ -7,15 +7,52 @@ trace, demo), `watch.py` (watch), `report.py` (report), `dashboard.py` (dashboar
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import click
 
-from marbled.cli import dashboard, jobs, models, offline, report, session, watch
 from marbled.paths import default_state_dir
 
+# Each command's module, imported only when the command runs (or help lists them all): a
+# `marble submit` in a shell loop pays for what submit needs, not for the simulator's
+# imports (the `--help` listing and `main.commands` import every module).
+MODULES = {
+    "submit": "jobs", "status": "jobs", "show": "jobs", "explain": "jobs", "cancel": "jobs",
+    "suspend": "jobs", "schedule": "jobs", "curves": "models", "profile": "models",
+    "ready": "session", "wait": "session", "shutdown": "session", "simulate": "offline",
+    "trace": "offline", "demo": "offline", "watch": "watch", "report": "report",
+    "dashboard": "dashboard",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported from their modules (MODULES) when needed."""
+
+    @property
+    def commands(self) -> dict[str, click.Command]:
+        for name in MODULES:
+            self._load(name)
+        return self._commands
+
+    @commands.setter
+    def commands(self, value) -> None:
+        self._commands = dict(value or {})
+
+    def _load(self, name: str) -> click.Command | None:
+        if name not in self._commands and name in MODULES:
+            module = importlib.import_module(f"marbled.cli.{MODULES[name]}")
+            self._commands[name] = next(c for c in module.COMMANDS if c.name == name)
+        return self._commands.get(name)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return self._load(name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self._commands) | set(MODULES))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--state-dir", type=click.Path(path_type=Path), envvar="MARBLE_STATE_DIR",
               help="State directory of the broker to talk to. "
                    "[default: $MARBLE_STATE_DIR, else the allocation's default]")
@@ -39,11 +76,6 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
     """
     ctx.obj = {"state_dir": (state_dir or default_state_dir()).absolute(), "url": url,
                "json": as_json}
-
-
-for _command in (*jobs.COMMANDS, *models.COMMANDS, *session.COMMANDS, *offline.COMMANDS,
-                 *watch.COMMANDS, *report.COMMANDS, *dashboard.COMMANDS):
-    main.add_command(_command)
 
 
 if __name__ == "__main__":

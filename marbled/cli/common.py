@@ -59,12 +59,14 @@ def duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
-def eta_text(job: dict, forecast: dict) -> str:
+def eta_text(job: dict, forecast: dict, ends: dict | None = None) -> str:
     """A running job's time left at its own speed; else when the forecast (GET
-    /v1/forecast) says it ends, marked '~' (simulated)."""
+    /v1/forecast) says it ends, marked '~' (simulated). `ends`: the forecast's end of each
+    job by id, for a caller that formats many jobs."""
     if job.get("eta_s") is not None:
         return duration(job["eta_s"])
-    end = next((f["end_at"] for f in forecast["jobs"] if f["id"] == job["id"]), None)
+    end = ends.get(job["id"]) if ends is not None else \
+        next((f["end_at"] for f in forecast["jobs"] if f["id"] == job["id"]), None)
     return "-" if end is None else "~" + duration(end - forecast["at"])
 
 

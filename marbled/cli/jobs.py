@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from marbled.cli.common import (
-    FINAL,
     call,
     client,
     eta_text,
@@ -15,9 +14,7 @@ from marbled.cli.common import (
     json_option,
     output,
 )
-from marbled.cli.schedule import format_gantt, format_table, schedule_rows
 from marbled.core.spec import JobSpec, SpecError
-from marbled.resources import JobFileError, load_job_file
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -50,6 +47,8 @@ def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, job_fi
     its GPUs and MARBLE_* variables for the worker protocol.
     """
     if job_file:
+        from marbled.resources import JobFileError, load_job_file  # YAML: only for --file
+
         if command or model or steps or emulate or name or after or nodes or retries:
             raise click.UsageError(
                 "--file takes every job from the file; give no other job options")
@@ -88,23 +87,31 @@ HEADER = (f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WAN
           f"{'GPUS':<12} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
 
 
-def _fmt_job(j: dict, forecast: dict) -> str:
+def _fmt_job(j: dict, forecast: dict, ends: dict | None = None) -> str:
     steps = f"{j['step']}/{j['steps']}" if j["steps"] else str(j["step"] or "-")
     gpus = ",".join(map(str, j["gpus"])) or "-"
     label = j["name"] or j["model"] or " ".join(j["command"])[:20]
     rate = f"{j['rate']:.3g}" if j.get("rate") else "-"
-    eta = eta_text(j, forecast)
+    eta = eta_text(j, forecast, ends)
     return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
             f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} {rate:>8} "
             f"{eta:>7} {j['suspensions']:>4}")
 
 
+UNFINISHED = ("queued", "running", "suspending", "suspended")
+STATUS_LIMIT = 500  # jobs `marble status` lists by default: a page of GET /v1/jobs
+
+
 @click.command()
 @click.option("--all", "show_all", is_flag=True, help="Also list finished jobs.")
+@click.option("--limit", type=click.IntRange(0), default=STATUS_LIMIT, show_default=True,
+              help="List the first N jobs in FIFO order, and how many more there are "
+                   "(0: every one).")
 @json_option
 @click.pass_context
-def status(ctx, show_all, as_json):
-    """The queue, like squeue: state, role, GPUs, progress, speed and ETA of every job.
+def status(ctx, show_all, limit, as_json):
+    """The queue, like squeue: state, role, GPUs, progress, speed and ETA of every job
+    that has not ended (with --all, of every job).
 
     STEPS/S and ETA of a running job come from its own progress reports (from its
     profile until it has trained a second); a waiting job's ETA (~) and the queue's
@@ -112,7 +119,14 @@ def status(ctx, show_all, as_json):
     """
     api = client(ctx)
     broker = call(api.get, "/v1/status")
-    jobs = call(api.get, "/v1/jobs")["jobs"]
+    query = [] if show_all else [f"state={s}" for s in UNFINISHED]
+    if limit:
+        query.append(f"limit={limit}")
+    page = call(api.get, "/v1/jobs" + ("?" + "&".join(query) if query else ""))
+    jobs = page["jobs"]
+    counted = broker["jobs"] if show_all else \
+        {s: n for s, n in broker["jobs"].items() if s in UNFINISHED}
+    more = max(sum(counted.values()) - len(jobs), 0) if page.get("next") is not None else 0
     forecast = call(api.get, "/v1/forecast")
 
     def text() -> None:
@@ -121,14 +135,17 @@ def status(ctx, show_all, as_json):
         click.echo(f"marbled {broker['pid']} policy={broker['policy']} "
                    f"profile={broker['profile']} {nodes}"
                    + (" DRAINING" if broker["draining"] else ""))
-        click.echo(HEADER)
-        for j in jobs:
-            if show_all or j["state"] not in FINAL:
-                click.echo(_fmt_job(j, forecast))
+        ends = {f["id"]: f["end_at"] for f in forecast["jobs"]}
+        lines = [HEADER, *(_fmt_job(j, forecast, ends) for j in jobs)]
+        if more:
+            lines.append(f"... and {more} more ({', '.join(f'{n} {s}' for s, n in counted.items())}"
+                         " in all; --limit 0 lists every one)")
+        click.echo("\n".join(lines))
         if forecast_text(forecast):
             click.echo(forecast_text(forecast))
 
-    output(ctx, as_json, {"broker": broker, "jobs": jobs, "forecast": forecast}, text)
+    output(ctx, as_json, {"broker": broker, "jobs": jobs, "more": more, "forecast": forecast},
+           text)
 
 
 @click.command()
@@ -216,6 +233,8 @@ def suspend(ctx, job_ids, as_json):
 @click.pass_context
 def schedule(ctx, as_json, width):
     """Who ran on which GPUs when, as primary or secondary (times in profiled seconds)."""
+    from marbled.cli.schedule import format_gantt, format_table, schedule_rows
+
     api = client(ctx)
     broker = call(api.get, "/v1/status")
     runs = call(api.get, "/v1/runs")

@@ -48,7 +48,8 @@ class Broker:
         self.names: dict[str, int] = {}
         self._next_id = store.next_job_id()  # only this broker writes the store
         self.metrics = BrokerMetrics(self.state)
-        self.ledger = Ledger(store, self.metrics.event)
+        self.ledger = Ledger(store, self.metrics.event, on_failure=self._store_failed)
+        self._failure: BaseException | None = None
         self.files = JobFiles(config.state_dir)
         self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
                      if config.learning and self.state.nodes else config.book)
@@ -78,9 +79,19 @@ class Broker:
         while not (self.draining and not self.runs.live and not self.runs.launching):
             await self._wake.wait()
             self._wake.clear()
+            if self._failure is not None:
+                raise self._failure
             if not self.draining:
                 self.decide()
+        self.ledger.flush()
         self._idle.set()
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """A commit failed with submissions in it: the state holds jobs the store does not,
+        so the broker stops (no 201 was sent for them); a new one rebuilds from the store."""
+        log.error("the store could not commit (%s): stopping", exc)
+        self._failure = exc
+        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -91,14 +102,15 @@ class Broker:
     def decide(self) -> None:
         began = time.perf_counter()  # the loop's own busy time, not self.clock (tests fake it)
         now = self.clock.time()
-        for action, job in settle(self.policy, self.state, now):
-            match action:
-                case Start():
-                    self._start(job, action, now)
-                case Suspend(reason=reason):
-                    self._suspend(job, reason)
-                case Cancel(reason=reason):
-                    self._finish(job.id, JobState.CANCELLED, reason)
+        with self.ledger.batch():  # one transaction for the decision's changes
+            for action, job in settle(self.policy, self.state, now):
+                match action:
+                    case Start():
+                        self._start(job, action, now)
+                    case Suspend(reason=reason):
+                        self._suspend(job, reason)
+                    case Cancel(reason=reason):
+                        self._finish(job.id, JobState.CANCELLED, reason)
         self._decide_again(self.policy.next_decision(self.state, self.clock.time()))
         self.metrics.decision.observe(time.perf_counter() - began)
 
@@ -213,19 +225,38 @@ class Broker:
     # ------------------------------------------------------------ requests
 
     def submit(self, specs: list[JobSpec]) -> list:
-        """Accept all of `specs` or none; the stored rows, in order."""
+        """Accept all of `specs` or none; the stored rows, in order (committed on return)."""
+        admitted = self._admit(specs)
+        rows = self.ledger.submitted(admitted, self.clock.time())
+        self._accepted(admitted)
+        return rows
+
+    def submit_grouped(self, specs: list[JobSpec]) -> tuple[list, asyncio.Future]:
+        """As `submit`, for the API: the rows, and a future done once they are durable. The
+        rows of the submissions that arrive together are committed in one transaction (a
+        group commit); the API answers when it has committed."""
+        admitted = self._admit(specs)
+        rows, durable = self.ledger.submit_grouped(admitted, self.clock.time())
+        # The state takes the jobs now (a later submission of the group may name them); any
+        # store write, a decision's included, commits the group's rows first.
+        self._accepted(admitted)
+        return rows, durable
+
+    def _admit(self, specs: list[JobSpec]) -> list:
         if self.draining:
             raise Unavailable("the broker is shutting down; submit to the next broker")
-        admitted = admit(specs, first_id=self._next_id, state=self.state, book=self.book,
-                         policy=self.policy, names=self.names)
-        rows = self.ledger.submitted(admitted, self.clock.time())
+        if self._failure is not None:
+            raise Unavailable("the broker is stopping: its store could not commit")
+        return admit(specs, first_id=self._next_id, state=self.state, book=self.book,
+                     policy=self.policy, names=self.names)
+
+    def _accepted(self, admitted: list) -> None:
         for a in admitted:
             self.add(a.job, a.spec)
             if a.spec.name:
                 self.names[a.spec.name] = a.job.id
         self._next_id += len(admitted)
         self.wake()
-        return rows
 
     def add(self, job: Job, spec: JobSpec, done: int = 0) -> None:
         """A job enters the state (at its submission, or rebuilt at a restart with `done`
@@ -245,11 +276,13 @@ class Broker:
     def suspend(self, job_id: int) -> None:
         """Checkpoint a running job and put it back in the FIFO at its place (user request)."""
         job = self._job(job_id)
-        if job.state is not JobState.RUNNING or job_id not in self.runs.live:
-            raise NotNow(f"job {job_id} is {job.state}; only a running job can be suspended")
-        if not job.malleable:
+        running = job.state is JobState.RUNNING
+        if running and not job.malleable:
             raise Never(f"job {job_id} has a fixed GPU count and cannot checkpoint; "
                         "cancel it instead")
+        if not running or (job_id not in self.runs.live and job_id not in self.runs.launching):
+            raise NotNow(f"job {job_id} is {job.state}; only a running job can be suspended")
+        # A process still being started is asked once it runs (Runs.suspend).
         self._suspend_now(job_id, "requested by the user")
 
     def cancel(self, job_id: int) -> None:

@@ -10,7 +10,9 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import time
+import warnings
 from pathlib import Path
 
 from aiohttp import web
@@ -68,6 +70,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     only requests carrying the token this start writes to the state directory.
     """
     launcher = launcher or LocalLauncher()
+    _pidfd_child_watcher()
     lock_fd = prepare_state_dir(config.state_dir)
     try:
         store = Store(config.state_dir / DB_NAME)
@@ -128,11 +131,30 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
             stale.unlink(missing_ok=True)
         if broker.sampler:
             broker.sampler.close()
+        try:
+            broker.ledger.flush()  # what waits for company (a run's pid) is committed too
+        except Exception as exc:  # noqa: BLE001 (the store failed: the error is logged)
+            log.error("could not commit the last writes: %s", exc)
         store.close()
         os.close(lock_fd)
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
+
+
+def _pidfd_child_watcher() -> None:
+    """Watch the children asyncio starts (batch systems' step commands) through pidfds:
+    Python 3.11's default starts a thread per child; 3.12 picks pidfds by itself. (Local
+    runs are watched through their pidfd by the local launcher.)"""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel or sandbox without pidfds
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def _listen_tcp(runner: web.AppRunner, listen: tuple[str, int], state_dir: Path,

@@ -294,6 +294,7 @@ class Runs:
                               retry_at=retry_at, **extra)
         if end.outcome.finished:
             self.standby.drop(live.job_id)
+            self.files.forget(live.job_id)
         self._on_end(Ended(live.job_id, end.outcome, retry_at))
 
     def outcome(self, live: LiveRun, code: int | None,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from marbled.daemon.broker import Broker
 
 
+HOLDING = {s.value for s in JobState if s.holds_gpus}  # states whose row may lag the live one
 FORECAST_REUSE = 10  # a forecast is reused for this many times what it took (1 s at least)
 
 
@@ -47,9 +48,29 @@ class Views:
             "time_scale": b.config.time_scale,
         }
 
-    def jobs(self, state: str | None = None) -> list[dict]:
-        views = [self.job(r) for r in self.broker.store.jobs()]
-        return [v for v in views if v["state"] == state] if state else views
+    def jobs(self, states: tuple[str, ...] = (), after: int = 0,
+             limit: int | None = None) -> tuple[list[dict], int | None]:
+        """Jobs in FIFO (id) order with an id above `after`, in one of `states` (all if
+        none), at most `limit`; and the cursor of the next page (the `after` that continues
+        it), None when there is none.
+
+        The state shown is the live one, which differs from the row's only while a run holds
+        GPUs (a suspension under way, a stop): the rows are filtered in SQL by state, with
+        the few jobs that hold GPUs added, and then by the state shown."""
+        b, wanted = self.broker, set(states)
+        also = [j.id for j in b.state.jobs.values() if j.state.holds_gpus] if wanted else ()
+        views: list[dict] = []
+        while limit is None or len(views) <= limit:
+            want = None if limit is None else limit + 1 - len(views)
+            rows = b.store.job_page(states=sorted(wanted | HOLDING) if wanted else (),
+                                    also=also, after=after, limit=want)
+            views += [v for v in map(self.job, rows) if not wanted or v["state"] in wanted]
+            if not rows or want is None or len(rows) < want:
+                break
+            after = rows[-1].id
+        if limit is not None and len(views) > limit:
+            return views[:limit], views[limit - 1]["id"]
+        return views, None
 
     def job(self, row) -> dict:
         """One `jobs` row as the API shows it, with what the live state knows better."""

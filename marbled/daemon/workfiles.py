@@ -8,6 +8,7 @@ the same job is not this run's answer.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from marbled.core.failures import TAIL_BYTES, tail
@@ -24,6 +25,9 @@ from marbled.worker.protocol import (
 class JobFiles:
     def __init__(self, state_dir: Path):
         self.root = Path(state_dir) / "jobs"
+        # Each job's last progress report as read, by what stat() says of its file: the
+        # monitor and the API look often, a job reports every few seconds at most.
+        self._progress: dict[int, tuple[tuple[int, int, int], dict | None]] = {}
 
     def dir(self, job_id: int) -> Path:
         return self.root / str(job_id)
@@ -41,10 +45,25 @@ class JobFiles:
         return self.dir(job_id) / GO_FILE
 
     def prepare_run(self, job_id: int) -> None:
-        """Before a launch: the directories exist, and no answer of an earlier run is left."""
-        self.checkpoints(job_id).mkdir(parents=True, exist_ok=True)
-        for stale in (ACK_FILE, PROGRESS_FILE, SUSPEND_FILE):
-            (self.dir(job_id) / stale).unlink(missing_ok=True)
+        """Before a launch: the directories exist, and no answer of an earlier run is left
+        (a new job's directory has none: two system calls then, not seven)."""
+        jdir = self.dir(job_id)
+        self._progress.pop(job_id, None)
+        try:
+            os.mkdir(jdir)
+        except FileNotFoundError:
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.mkdir(jdir)
+        except FileExistsError:
+            for stale in (ACK_FILE, PROGRESS_FILE, SUSPEND_FILE):
+                (jdir / stale).unlink(missing_ok=True)
+            self.checkpoints(job_id).mkdir(exist_ok=True)
+            return
+        os.mkdir(self.checkpoints(job_id))
+
+    def forget(self, job_id: int) -> None:
+        """The job has ended: its last report need not be kept."""
+        self._progress.pop(job_id, None)
 
     def ask_to_suspend(self, job_id: int, run_id: int, at: float) -> None:
         """The request a job finds even if its SIGTSTP came before its handler."""
@@ -56,8 +75,28 @@ class JobFiles:
         return self._of_run(ACK_FILE, job_id, run_id)
 
     def progress(self, job_id: int, run_id: int) -> dict:
-        """The run's last progress report (step, start step, start-up phases), or {}."""
-        return self._of_run(PROGRESS_FILE, job_id, run_id) or {}
+        """The run's last progress report (step, start step, start-up phases), or {}. The
+        same dict while the file is unchanged: read it, do not change it."""
+        doc = self._last_progress(job_id)
+        return doc if doc is not None and doc.get("run_id") == run_id else {}
+
+    def _last_progress(self, job_id: int) -> dict | None:
+        """The job's progress file, parsed again only when stat() shows a new one (a job
+        replaces it atomically: a new inode, mtime and size) -- a tick of the monitor costs
+        a stat per run, not an open, a read and a parse."""
+        path = self.dir(job_id) / PROGRESS_FILE
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._progress.pop(job_id, None)
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._progress.get(job_id)
+        if known is not None and known[0] == key:
+            return known[1]
+        doc = read_json(path)
+        self._progress[job_id] = (key, doc)
+        return doc
 
     def _of_run(self, name: str, job_id: int, run_id: int) -> dict | None:
         doc = read_json(self.dir(job_id) / name)
@@ -68,7 +107,7 @@ class JobFiles:
         file (a script that ignored it would train twice); with `once_training`, only once
         the current run trains, so the new process's imports do not slow down a run that
         has just resumed."""
-        progress = read_json(self.dir(job_id) / PROGRESS_FILE) or {}
+        progress = self._last_progress(job_id) or {}
         if not progress.get("prestart"):
             return False
         return not once_training or "first_step" in progress.get("phases", {})

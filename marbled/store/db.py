@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections import namedtuple
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -150,6 +151,13 @@ class MetaRow(Base):
     value: Mapped[str] = mapped_column(String)
 
 
+JOB_RECORD_COLUMNS = (
+    "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
+    "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
+    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason")
+JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
+
+
 class Store:
     """The broker's SQLite database. Writes happen only on the broker's event loop thread.
 
@@ -166,6 +174,7 @@ class Store:
         if self.path is not None:
             migrate(self.path)
         Base.metadata.create_all(self.engine)
+        self._writer = None  # the pooled connection the broker's ledger writes through
         with self.tx() as s:
             if s.get(MetaRow, "schema_version") is None:
                 s.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
@@ -175,6 +184,14 @@ class Store:
         """One transaction: committed on success, rolled back on error."""
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
+
+    def writer(self) -> sqlite3.Connection:
+        """The DBAPI connection the broker's writes go through (`daemon/ledger.py`: plain
+        SQL, no statement building): one, held for the store's life, from the engine's pool
+        (so with its pragmas; in memory, the one connection). Only the loop thread uses it."""
+        if self._writer is None:
+            self._writer = self.engine.raw_connection()
+        return self._writer.driver_connection
 
     def set_meta(self, **values: str) -> None:
         with self.tx() as s:
@@ -191,6 +208,31 @@ class Store:
             if ids is not None:
                 q = q.where(JobRow.id.in_(ids))
             return list(s.scalars(q))
+
+    def job_page(self, *, states: Collection[str] = (), also: Collection[int] = (),
+                 after: int = 0, limit: int | None = None) -> list:
+        """`jobs` rows in id (FIFO) order as light records (attributes as JobRow's): those
+        with an id above `after`, in one of `states` (all if none) or with an id in `also`,
+        at most `limit`. Plain SQL on the writer's connection (the loop thread's): 10,000
+        rows in tens of milliseconds, where ORM objects take ten times that."""
+        where, args = ["id > ?"], [after]
+        if states:
+            either = [f"state IN ({', '.join('?' * len(states))})"]
+            args += list(states)
+            if also:
+                either.append(f"id IN ({', '.join('?' * len(also))})")
+                args += list(also)
+            where.append(f"({' OR '.join(either)})")
+        sql = f"SELECT {', '.join(JOB_RECORD_COLUMNS)} FROM jobs WHERE {' AND '.join(where)} " \
+              "ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        loads = json.loads
+        return [JobRecord(*r[:10], bool(r[10]), r[11],
+                          loads(r[12]) if r[12] is not None else None, bool(r[13]),
+                          loads(r[14]) if r[14] is not None else None, *r[15:])
+                for r in self.writer().execute(sql, args)]
 
     def runs(self, job_id: int | None = None) -> list[RunRow]:
         return self._of_job(RunRow, job_id, RunRow.started_at, RunRow.id)
@@ -218,6 +260,9 @@ class Store:
             return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self.engine.dispose()
 
 

@@ -32,3 +32,34 @@ def test_end_to_end_smoke(tmp_path):
     (row,) = figures["jobsets"]
     assert row["marble"]["measured_s"] > 0 and row["rigid"]["simulated_s"] > 0
     assert not row["failed"]
+
+
+def _smoke(script: str, tmp_path) -> tuple[str, dict]:
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke",
+                           "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, json.loads(out.read_text())
+
+
+def test_submission_smoke(tmp_path):
+    printed, figures = _smoke("submit_load.py", tmp_path)
+    parts = ("api-1", "api-20", "batch-100", "batch-1000", "cli", "cli-file")
+    for part in parts:
+        assert part in printed, f"{part!r} not printed:\n{printed}"
+        fig = figures["parts"][part]
+        assert fig["jobs_per_second"] > 0 and not fig.get("errors") \
+            and not fig.get("violations"), fig
+        assert fig.get("recorded", fig["jobs"]) == fig["jobs"]
+    assert figures["parts"]["cli"]["import_ms"]["imports_ms"] > 0
+
+
+def test_monitoring_smoke(tmp_path):
+    printed, figures = _smoke("monitoring.py", tmp_path)
+    assert "cycle,  6 running" in printed and "48 running" in printed, printed
+    assert [c["running"] for c in figures["cycle"]] == [6, 48]
+    assert all(c["secondaries"] >= 1 and c["cycle_unchanged_us"]["median"] > 0
+               for c in figures["cycle"])
+    assert figures["queued"]["rss_queued_mb"] > 0 and figures["queued"]["page_jobs"] == 100
+    assert figures["history"]["events"] == 2000 and figures["history"]["db_bytes"] > 0
