@@ -10,9 +10,7 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import time
-import warnings
 from pathlib import Path
 
 from aiohttp import web
@@ -70,7 +68,6 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     only requests carrying the token this start writes to the state directory.
     """
     launcher = launcher or LocalLauncher()
-    _pidfd_child_watcher()
     lock_fd = prepare_state_dir(config.state_dir)
     try:
         store = Store(config.state_dir / DB_NAME)
@@ -140,21 +137,6 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
-
-
-def _pidfd_child_watcher() -> None:
-    """Watch the children asyncio starts (batch systems' step commands) through pidfds:
-    Python 3.11's default starts a thread per child; 3.12 picks pidfds by itself. (Local
-    runs are watched through their pidfd by the local launcher.)"""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel or sandbox without pidfds
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def _listen_tcp(runner: web.AppRunner, listen: tuple[str, int], state_dir: Path,
