@@ -72,10 +72,6 @@ def grow(job: Job):
     return (lambda s: s + 1) if job.curve is None else (lambda s: job.curve.smallest(s + 1))
 
 
-def p_min_units(job: Job) -> int:
-    return UNITS // job.max_share if shares(job) else UNITS * p_min(job)
-
-
 def dhondt(minimum: list[int], votes: list[int], seats: int, steps=None) -> list[int]:
     """Add `seats` to `minimum`, each to the largest votes/(share+1) below its vote.
     `steps[k](s)`: job k's next share after s (default s + 1; a job whose curve rules some
