@@ -8,9 +8,13 @@ runs the queue to its end. Then, from the step logs and the broker's database:
   * every job is done at exactly its steps, and trained every step once
     (none lost, none repeated);
   * no job ever had two runs at once, and no GPU was held by two runs at once;
+  * every run records its end step, each of a job's runs starts where the one before
+    ended, the last ends at the job's steps, and no run is launched with nothing to
+    train (`run_chain`);
   * no run is left open, and PRAGMA integrity_check is ok.
 
-    .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1]
+    .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
+        [--time-scale 0.2] [--max-gap 0.8]
 """
 
 from __future__ import annotations
@@ -127,6 +131,11 @@ def check(state: Path, jobs: list[dict], logs: Path, result: ChaosResult) -> Non
             repeated = len(steps) - len(set(steps))
             missing = job["steps"] - len(set(steps) & set(range(1, job["steps"] + 1)))
             v.append(f"job {job_id}: {repeated} steps trained twice, {missing} never")
+    fell_back = {r[0] for r in con.execute(
+        "SELECT run_id FROM events WHERE kind = 'checkpoint-fallback'")}
+    for job_id, job in enumerate(jobs, start=1):
+        v += run_chain(job_id, job["steps"], [r for r in runs if r["job_id"] == job_id],
+                       fell_back)
     for a in runs:
         if a["ended_at"] is None:
             v.append(f"run {a['id']} still open")
@@ -146,23 +155,59 @@ def check(state: Path, jobs: list[dict], logs: Path, result: ChaosResult) -> Non
     con.close()
 
 
+def run_chain(job_id: int, steps: int, runs: list, fell_back: set[int]) -> list[str]:
+    """What is wrong with a job's run records: every run has its end step; each starts
+    where the one before ended -- or earlier, after a failed run or one that resumed from
+    an older checkpoint than expected (`checkpoint-fallback`), whose steps since its
+    checkpoint are trained again; the first starts at 0 and the last ends at the job's
+    steps (so the steps of its runs sum to its steps, less what was trained again); and no
+    run is launched at the job's last step (a relaunch that trains nothing)."""
+    v = []
+    before = None
+    for run in runs:
+        name = f"job {job_id} run {run['id']}"
+        start, end = run["start_step"], run["end_step"]
+        if end is None:
+            v.append(f"{name}: {run['end_reason']} with no end step")
+        if start is not None and start >= steps:
+            v.append(f"{name}: launched at step {start} of {steps}, with nothing to train")
+        expected = before["end_step"] if before is not None else 0
+        may_lose = before is not None and (before["end_reason"] == "failed"
+                                           or run["id"] in fell_back)
+        if None not in (start, expected) and not (
+                start == expected or (may_lose and start < expected)):
+            v.append(f"{name}: starts at step {start}, its run before ended at {expected}")
+        before = run
+    last = before["end_step"] if before is not None else None
+    if last != steps:
+        v.append(f"job {job_id}: its last run ended at step {last}, not {steps}")
+    return v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, nargs="+", default=[1],
+                    help="one schedule of kills per seed, each on a new state directory")
     ap.add_argument("--time-scale", type=float, default=0.2,
                     help="slower jobs leave room for more kills before the queue ends")
+    ap.add_argument("--max-gap", type=float, default=0.8,
+                    help="seconds between kills: uniform from 0.05 to this")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
-        r = chaos(Path(tmp) / "state", args.kills, args.seed, args.time_scale)
-    summary = {
-        "kills": r.kills, "runs": r.runs, "adopted": r.adopted, "seconds": round(r.seconds, 1),
-        "restart_median_s": round(statistics.median(r.restarts), 3) if r.restarts else None,
-        "restart_max_s": round(max(r.restarts), 3) if r.restarts else None,
-        "violations": r.violations,
-    }
-    print(json.dumps(summary, indent=1))
-    sys.exit(1 if r.violations else 0)
+    summaries = []
+    for seed in args.seed:
+        with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
+            r = chaos(Path(tmp) / "state", args.kills, seed, args.time_scale,
+                      (0.05, args.max_gap))
+        summaries.append({
+            "seed": seed, "kills": r.kills, "runs": r.runs, "adopted": r.adopted,
+            "seconds": round(r.seconds, 1),
+            "restart_median_s": round(statistics.median(r.restarts), 3) if r.restarts else None,
+            "restart_max_s": round(max(r.restarts), 3) if r.restarts else None,
+            "violations": r.violations,
+        })
+        print(json.dumps(summaries[-1], indent=1), flush=True)
+    sys.exit(1 if any(s["violations"] for s in summaries) else 0)
 
 
 if __name__ == "__main__":

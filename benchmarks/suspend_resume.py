@@ -28,14 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from marbled import examples
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
 from marbled.worker.protocol import PROGRESS_FILE, read_json
 
-REPO = Path(__file__).resolve().parent.parent  # jobscripts/ is not in the package
-
-SCRIPTS = {"tf": "train_tf.py", "torch": "train_torch.py"}
+SCRIPTS = {fw: examples.SCRIPTS / examples.EXAMPLES[fw].file for fw in ("tf", "torch")}
 PHASES = ("python", "imported", "built", "restored", "first_step")
 
 
@@ -69,7 +68,7 @@ def checkpoint_bytes(ckpt_dir: Path) -> int:
 
 def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float,
             job_args: tuple[str, ...] = ()) -> dict:
-    script = REPO / "jobscripts" / SCRIPTS[framework]
+    script = SCRIPTS[framework]
     model = "lenet" if arch == "lenet" else "resnet-50"
     with tempfile.TemporaryDirectory(prefix="marble-bench-") as tmp:
         state = Path(tmp) / "state"

@@ -123,7 +123,7 @@ def run_demo(gpus: int = 6, time_scale: float = 0.02, jobset: str = "paper-jobse
         print(f"\n=== {title}: schedule (times in profiled seconds) ===")
         print(format_table(rows))
         print()
-        print(format_gantt(rows, {rows[0]["node"]: gpus}))
+        print(format_gantt(rows, {rows[0]["node"]: gpus}, unit="profiled s"))
     print(f"\n{'total time':22}{'measured':>10}{'simulated':>11}{'paper':>8}")
     for name, p in (("LSF way (rigid)", r), ("MARBLE", m)):
         paper = f"{p['paper_s']:>7}s" if p["paper_s"] else f"{'-':>8}"

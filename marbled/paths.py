@@ -32,3 +32,15 @@ def default_state_dir() -> Path:
 
 def socket_path(state_dir: Path) -> Path:
     return Path(state_dir) / SOCKET_NAME
+
+
+def workdir_problem(path: str) -> str | None:
+    """What keeps a job from running in directory `path` (a job's `chdir`), or None."""
+    if not os.path.isabs(path):
+        return f"'{path}' is not an absolute path (marble submit makes a relative one absolute)"
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        return f"'{path}' {what}; give an existing directory to run the job in"
+    if not os.access(path, os.X_OK):
+        return f"'{path}' cannot be entered (no search permission)"
+    return None

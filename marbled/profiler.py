@@ -25,6 +25,7 @@ from pathlib import Path
 
 from marbled.batch.base import Launcher, LaunchRequest
 from marbled.core.measure import fill_curve, training_point, window_rates
+from marbled.core.target import gpus_text
 from marbled.worker.protocol import (
     ACK_FILE,
     PROGRESS_FILE,
@@ -68,6 +69,7 @@ class Profiling:
     timeout: float = 1800.0  # per count
     results: list[CountResult] = field(default_factory=list)
     resume_s: float | None = None  # launch -> first step from a checkpoint
+    chdir: Path = field(default_factory=Path.cwd)  # where the command runs: as for a job
 
     def curve(self) -> list[float]:
         return fill_curve({r.gpus: r.steps_per_second for r in self.results},
@@ -100,7 +102,7 @@ class Profiler:
             point = training_point(progress) if progress.get("run_id") == 1 else None
             if point and (not points or point.step > points[-1].step):
                 points.append(point)
-                self.say(f"{job.model} on {g} GPUs: step {point.step}/{target}")
+                self.say(f"{job.model} on {gpus_text(g)}: step {point.step}/{target}")
             if point and point.step >= target:
                 break
             if not handle.signal(0):
@@ -109,7 +111,7 @@ class Profiler:
                                       f"GPUs; its stderr ends:\n{_tail(run_dir / 'stderr.log')}")
             if time.monotonic() - began > job.timeout:
                 handle.signal(signal.SIGKILL)
-                raise ProfileRunError(f"no {target} steps on {g} GPUs within {job.timeout} s")
+                raise ProfileRunError(f"no {target} steps on {gpus_text(g)} within {job.timeout} s")
             await asyncio.sleep(0.02)
         suspend_s = await self._suspend(handle, run_dir, 1, job.time_scale)
         phases = (read_json(run_dir / PROGRESS_FILE) or progress).get("phases", {})
@@ -134,7 +136,7 @@ class Profiler:
                "MARBLE_LAUNCH_TIME": repr(time.time()),
                "MARBLE_REPORT_INTERVAL": str(REPORT_INTERVAL)}
         request = LaunchRequest(job.command, env, self.node, self.devices[:g], run_dir,
-                                run_dir / "stdout.log", run_dir / "stderr.log")
+                                run_dir / "stdout.log", run_dir / "stderr.log", cwd=job.chdir)
         try:
             handle = await self.launcher.launch(request)
         except OSError as exc:

@@ -2,4 +2,4 @@
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent  # jobscripts/, contrib/: not in the package
+REPO = Path(__file__).resolve().parent.parent  # contrib/ is not in the package

@@ -100,10 +100,49 @@ def as_schema_version_1(path) -> None:
     con = sqlite3.connect(path)
     for column in ("devices", "share"):
         con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    for column in ("nodes", "retries", "failures", "not_before", "max_share"):
+    for column in ("nodes", "retries", "failures", "not_before", "max_share", "chdir"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("DROP TABLE gpu_samples")
     con.execute("DROP TABLE samples")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.commit()
     con.close()
+
+
+# A training script as a user writes one: it reads its data by a relative path, keeps its
+# checkpoint where the broker says (MARBLE_CHECKPOINT_DIR), and writes its result next to it.
+TRAIN = '''
+import json, os, sys, time
+from pathlib import Path
+from marbled.worker.protocol import JobProtocol
+proto = JobProtocol.from_env().install()
+from marbled.worker.loop import StepLoop
+
+
+class Checkpoint:
+    saved_step = None
+    path = Path(os.environ["MARBLE_CHECKPOINT_DIR"]) / "step.json"
+
+    def restore(self):
+        self.saved_step = json.loads(self.path.read_text())["step"] if self.path.exists() else 0
+        return self.saved_step
+
+    def save(self, step):
+        self.path.write_text(json.dumps({"step": step}))
+        self.saved_step = step
+
+
+data = Path("data.txt").read_text().strip()
+loop = StepLoop(Checkpoint(), protocol=proto)
+for step in loop.steps():
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.005)
+with open("trained.txt", "a") as f:
+    f.write(f"{data} {loop.step} {os.getcwd()}\\n")
+'''
+
+
+def project(path: Path, data: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "train.py").write_text(TRAIN)
+    (path / "data.txt").write_text(data + "\n")
+    return path

@@ -5,10 +5,24 @@ from __future__ import annotations
 import copy
 import sys
 
-from marbled.core.spec import MAX_COMMAND_ARGS, MAX_NAME, MAX_NODES, MAX_RETRIES, MAX_STEPS
+from marbled.core.spec import (
+    MAX_COMMAND_ARGS,
+    MAX_MODEL,
+    MAX_NAME,
+    MAX_NODES,
+    MAX_PATH,
+    MAX_RETRIES,
+    MAX_STEPS,
+    MODEL_CHARS,
+)
 
 MAX_JOB_ID = 10**18 - 1  # the largest id the API takes: 18 digits (SQLite's integers hold it)
 MAX_PAGE = 10_000  # GET /v1/jobs?limit=: the most jobs a page may ask for
+LOG_STREAMS = ("stdout", "stderr")  # GET /v1/jobs/{id}/log?stream=
+LOG_PAGE = 1024 * 1024  # ... &limit=: the bytes of a page by default
+MAX_LOG_BYTES = 4 * 1024 * 1024  # ... at most, and by default with &tail=
+MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
+MAX_OFFSET = 2**62  # ... &offset=: larger than any file
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
@@ -78,8 +92,14 @@ JOB = {
                               {"type": "array", "maxItems": MAX_COMMAND_ARGS,
                                "items": {"type": "string"}}]},
         "emulate": {"type": "boolean", "default": False},
-        "model": {"type": ["string", "null"], "pattern": _one_not_in(str.isspace),
-                  "description": "not only white space"},
+        "model": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_MODEL,
+                  "pattern": f"^[{MODEL_CHARS}]+$",
+                  "description": "letters, digits and . _ + : / -; an alias or another "
+                                 "spelling of a profile's model is recorded under the "
+                                 "profile's name"},
+        "new_model": {"type": "boolean", "default": False,
+                      "description": "the model is meant to be one no profile knows: no "
+                                     "note in the answer"},
         "steps": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_STEPS},
         "gpus": {"anyOf": [{"const": "auto"}, {"type": "null"},
                            {"type": "integer", "minimum": 1}],
@@ -94,6 +114,10 @@ JOB = {
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
                     "description": "times a failed run is started again from its checkpoint, "
                                    "after a back-off that doubles each time"},
+        "chdir": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\u0000]*$",
+                  "description": "the directory the job runs in: absolute, an existing "
+                                 "directory on the broker's host (else 400); null: the "
+                                 "broker's working directory. `marble submit` sends its own"},
     },
 }
 
@@ -116,6 +140,10 @@ SPEC = {
                          "schema": {"type": "array", "items": {"enum": [
                              "queued", "running", "suspending", "suspended", "done",
                              "failed", "cancelled"]}}},
+                        {"name": "name", "in": "query",
+                         "description": "only jobs with this name (`marble show NAME` takes "
+                                        "the last)",
+                         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME}},
                         {"name": "limit", "in": "query",
                          "description": "at most this many jobs (all if absent)",
                          "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
@@ -133,12 +161,41 @@ SPEC = {
                                   "type": "array", "minItems": 1, "maxItems": 10000,
                                   "items": {"$ref": "#/components/schemas/Job"}}}}]}}}},
                      "responses": _answer(
-                         "the accepted jobs", "201", ("413", "a body over 4 MiB"),
+                         "the accepted jobs, each with its `notes` (e.g. a model no profile "
+                         "knows, and the profile's models it is close to)", "201",
+                         ("404", "a job named in `after` does not exist"),
+                         ("413", "a body over 4 MiB"),
                          ("415", "the body is not application/json"),
                          ("503", "the broker drains or has no GPUs: submit to the next one"))},
         },
         "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
                                       "parameters": [JOB_ID], "responses": _answer("job")}},
+        "/v1/jobs/{job_id}/log": {"get": {
+            "summary": "a page of a run's output: {job_id, state, runs, run, stream, offset, "
+                       "next_offset, size, text}; follow it by asking again from next_offset, "
+                       "and on with the next of `runs` once `run` has ended and next_offset "
+                       "is its size",
+            "parameters": [
+                JOB_ID,
+                {"name": "stream", "in": "query", "description": "stdout (default) or stderr",
+                 "schema": {"enum": list(LOG_STREAMS), "default": "stdout"}},
+                {"name": "run", "in": "query",
+                 "description": "the run's id (as GET /v1/jobs/{id} lists its runs); by "
+                                "default the job's latest run. 404 if it is not this job's",
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}},
+                {"name": "offset", "in": "query",
+                 "description": "the byte to start at (a page's next_offset)",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET,
+                            "default": 0}},
+                {"name": "limit", "in": "query",
+                 "description": f"at most this many bytes ({LOG_PAGE} by default, "
+                                f"{MAX_LOG_BYTES} with `tail`); a page cut short ends at a "
+                                "line's end",
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_BYTES}},
+                {"name": "tail", "in": "query",
+                 "description": "only the last N lines (within `limit` bytes, from `offset`)",
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}}],
+            "responses": _answer("the page")}},
         "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
                                               "parameters": [JOB_ID],
                                               "responses": _answer("requested", "202")}},
@@ -153,7 +210,11 @@ SPEC = {
             "responses": _answer("curves")}},
         "/v1/forecast": {"get": {
             "summary": "when each unfinished job should start and end, and the queue with it "
-                       "(the simulator from now; `reason` says why not, when it cannot)",
+                       "(the simulator from now; `reason` says why not, when it cannot); "
+                       "`left_out`: [{id, why}] the jobs it cannot play (no curve, no step "
+                       "count, several nodes) and those waiting for them; a running job "
+                       "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
+                       "of the job)",
             "responses": _answer("forecast")}},
         "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
                                   "responses": _answer("started", "202")}},

@@ -2,10 +2,13 @@
 
   GET  /v1/status              broker, nodes, free GPUs, job counts
   POST /v1/jobs                submit: one job object, or {"jobs": [...]}
-  GET  /v1/jobs[?state=S&limit=N&after=ID]
-                               list jobs (FIFO order): in state S (repeatable), the first N
-                               after job ID; `next` is the `after` of the next page
+  GET  /v1/jobs[?state=S&name=X&limit=N&after=ID]
+                               list jobs (FIFO order): in state S (repeatable), named X, the
+                               first N after job ID; `next` is the `after` of the next page
   GET  /v1/jobs/{id}           one job with its runs
+  GET  /v1/jobs/{id}/log[?stream=stdout|stderr&run=R&offset=B&limit=B&tail=N]
+                               a page of a run's output (the latest run's by default), as
+                               JSON with the offset that continues it: clients follow by polling
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
   GET  /v1/runs                every launch segment (the schedule)
@@ -39,11 +42,21 @@ from typing import Any
 from aiohttp import web
 
 from marbled.api import dashboard
-from marbled.api.openapi import MAX_JOB_ID, MAX_PAGE, for_broker
+from marbled.api.openapi import (
+    LOG_PAGE,
+    LOG_STREAMS,
+    MAX_JOB_ID,
+    MAX_LOG_BYTES,
+    MAX_LOG_LINES,
+    MAX_OFFSET,
+    MAX_PAGE,
+    for_broker,
+)
+from marbled.core.admission import in_batch
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES
-from marbled.core.spec import JobSpec, SpecError
+from marbled.core.spec import MAX_NAME, JobSpec, SpecError
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
@@ -215,12 +228,11 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
             try:
                 specs.append(JobSpec.from_mapping(doc))
             except SpecError as exc:
-                where = f"jobs[{i}].{exc.field}" if many else exc.field
-                raise Invalid(f"{where}: {exc.message}", where) from None
+                raise (in_batch(exc, i) if many else exc) from None
         # Admitted now; durable once the group commit that carries them is done (the
         # submissions that arrive together share one transaction): only then the 201.
         rows, durable = commands.submit_grouped(specs)
-        jobs = [views.job(r) for r in rows]
+        jobs = [{**views.job(r), "notes": r.notes} for r in rows]
         await asyncio.shield(durable)
         return web.json_response({"jobs": jobs}, status=201)
 
@@ -234,12 +246,28 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
                               f"{', '.join(s.value for s in JobState)}", "state")
         limit = _whole(request, "limit", 1, MAX_PAGE)
         after = _whole(request, "after", 0, MAX_JOB_ID)
-        jobs, more = views.jobs(states, after or 0, limit)
+        name = request.query.get("name")
+        if name is not None and not 0 < len(name) <= MAX_NAME:
+            raise Invalid(f"name must be a job's name: 1 to {MAX_NAME} characters", "name")
+        jobs, more = views.jobs(states, after or 0, limit, name)
         return web.json_response({"jobs": jobs, "next": more})
 
     @routes.get("/v1/jobs/{job_id}")
     async def show(request: web.Request) -> web.Response:
         return web.json_response(await views.job_detail(_job_id(request)))
+
+    @routes.get("/v1/jobs/{job_id}/log")
+    async def log(request: web.Request) -> web.Response:
+        job_id = _job_id(request)
+        stream = request.query.get("stream", "stdout")
+        if stream not in LOG_STREAMS:
+            raise Invalid(f"stream must be {' or '.join(LOG_STREAMS)}", "stream")
+        run = _whole(request, "run", 1, MAX_JOB_ID)
+        offset = _whole(request, "offset", 0, MAX_OFFSET) or 0
+        lines = _whole(request, "tail", 1, MAX_LOG_LINES)
+        limit = _whole(request, "limit", 1, MAX_LOG_BYTES) or \
+            (LOG_PAGE if lines is None else MAX_LOG_BYTES)
+        return web.json_response(await views.log(job_id, run, stream, offset, limit, lines))
 
     @routes.post("/v1/jobs/{job_id}/cancel")
     async def cancel(request: web.Request) -> web.Response:

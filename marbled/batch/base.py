@@ -50,11 +50,16 @@ class LaunchRequest:
     env: dict[str, str]  # added to the broker's environment
     node: str
     devices: tuple[str, ...]  # device names for CUDA_VISIBLE_DEVICES
-    cwd: Path
+    run_dir: Path  # the job's own directory (state directory): the launcher's files go there
     stdout: Path
     stderr: Path
     # A multi-node run's further nodes and their devices (the same count on each)
     others: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cwd: Path | None = None  # where the process runs (the job's chdir); None: `run_dir`
+
+    @property
+    def workdir(self) -> Path:
+        return self.cwd or self.run_dir
 
 
 class RunHandle(Protocol):
@@ -236,7 +241,7 @@ class StepLauncher:
 
     def fresh_info_file(self, request: LaunchRequest, ranks: int) -> Path:
         """The run's info file, with what an earlier run in its directory left removed."""
-        info_file = request.cwd / self.info_name
+        info_file = request.run_dir / self.info_name
         for rank in range(ranks):
             rank_file(info_file, rank).unlink(missing_ok=True)
         return info_file

@@ -46,6 +46,8 @@
   for a task ended by signal N as for srun (marbled.batch.base.exit_code).
 - The environment of jsrun reaches the task (OLCF: `export OMP_NUM_THREADS=16`
   in the job script instead of `jsrun -E`), so the MARBLE_* variables need no -E.
+- So does its working directory: jsrun starts in the job's (where it was submitted
+  from), and so do its tasks.
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ class JsrunLauncher(StepLauncher):
         gpus = len(request.devices)
         erf_file = None
         if self.placement == "erf":
-            erf_file = request.cwd / ERF_NAME
+            erf_file = request.run_dir / ERF_NAME
             erf_file.write_text(self.erf_for(parts))
         argv = jsrun_argv(gpus, min(self.cpus_for(n, gpus) for n in nodes), info_file,
                           request.argv, self.extra_args, erf_file, len(nodes))

@@ -163,7 +163,7 @@ def _spawn(argv, request: LaunchRequest, env: dict[str, str]) -> tuple[subproces
                                                                      int | None]:
     """Start `argv` for a run (in a worker thread); the process and its start time."""
     with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
-        proc = subprocess.Popen(argv, cwd=request.cwd, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=request.workdir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True)
     return proc, process_start_time(proc.pid)
 
@@ -173,7 +173,7 @@ async def start_process(argv, request: LaunchRequest,
     """Start `argv` for a run: in its own session, output to the run's logs, no stdin."""
     with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
         return await asyncio.create_subprocess_exec(
-            *argv, cwd=request.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            *argv, cwd=request.workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=err, start_new_session=True)
 
 

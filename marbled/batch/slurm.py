@@ -8,7 +8,7 @@ the command line is the only backend today.
 Every run is a job step on the node and GPU count the policy chose:
 
     srun --jobid J --exact -N1 -n1 -c C -w NODE --gpus K --job-name marble-JOB.RUN \
-         python -m marbled.batch.step INFO_FILE <the job's command>
+         --chdir DIR python -m marbled.batch.step INFO_FILE <the job's command>
 
 (a job on K nodes: -N K -n K --ntasks-per-node=1 -w N1,...,NK --gpus-per-node=G,
 one task per node, as one step.)
@@ -21,6 +21,8 @@ one task per node, as one step.)
 - Signals go through `scancel --signal=SIG J.STEP`: srun does not forward
   SIGTSTP (it stops itself), and the step may run on another node.
 - The srun process is the broker's child; its exit status is the job's.
+- `--chdir` runs the step where the job was submitted from (the job's directory on
+  the shared file system), as sbatch and srun themselves do.
 """
 
 from __future__ import annotations
@@ -147,12 +149,14 @@ def slurm_allocation(job_id: str | None = None) -> Allocation:
 # ------------------------------------------------------------------ runs as job steps
 
 def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: str,
-              info_file: Path, command: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
-    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs."""
+              info_file: Path, command: tuple[str, ...], extra: tuple[str, ...] = (),
+              chdir: Path | None = None) -> list[str]:
+    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs, in `chdir`."""
     gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
+    where = [f"--chdir={chdir}"] if chdir else []
     return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
-            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *extra,
+            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *where, *extra,
             sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
 
 
@@ -200,7 +204,7 @@ class SlurmLauncher(StepLauncher):
         argv = srun_argv(self.allocation.job_id, nodes, gpus,
                          min(self.cpus_for(n, gpus) for n in nodes),
                          f"marble-{request.env.get('MARBLE_JOB_ID', '')}.{run_id}", info_file,
-                         request.argv, self.extra_args)
+                         request.argv, self.extra_args, request.workdir)
         env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
         env.update(request.env)
         env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it inside the step

@@ -2,7 +2,8 @@
 
 Commands by area: `jobs.py` (submit, status, show, explain, cancel, suspend, schedule),
 `models.py` (curves), `session.py` (ready, wait, shutdown), `offline.py` (simulate,
-trace, demo), `watch.py` (watch), `report.py` (report), `dashboard.py` (dashboard).
+trace, demo), `watch.py` (watch), `logs.py` (logs), `report.py` (report), `dashboard.py`
+(dashboard), `example.py` (example).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ MODULES = {
     "suspend": "jobs", "schedule": "jobs", "curves": "models", "profile": "models",
     "ready": "session", "wait": "session", "shutdown": "session", "simulate": "offline",
     "trace": "offline", "demo": "offline", "watch": "watch", "report": "report",
-    "dashboard": "dashboard",
+    "dashboard": "dashboard", "logs": "logs", "example": "example",
 }
 
 
@@ -67,7 +68,7 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
     """Client of the marbled broker.
 
     \b
-    A typical batch script (jobscripts/marble.sbatch is a complete one):
+    A typical batch script (`marble example sbatch` prints a complete one):
       marbled --detach
       marble submit --model resnet-50 --steps 800 -- python train.py
       marble submit --file jobs.yaml

@@ -30,14 +30,31 @@ def client(ctx: click.Context) -> BrokerClient:
     return BrokerClient(socket_path(root["state_dir"]))
 
 
-def call(fn: Callable, *args):
-    """A request to the broker; its refusal or absence as a one-line error."""
+def call(fn: Callable, *args, place: Callable[[str | None], str | None] = lambda f: None):
+    """A request to the broker; its refusal or absence as a one-line error. `place`: where
+    the field a refusal names was read (e.g. 'jobs.yaml:3'), to say first; None if unknown."""
     try:
         return fn(*args)
     except BrokerUnreachable as exc:
         raise click.ClickException(str(exc)) from None
     except ApiError as exc:
-        raise click.ClickException(f"refused ({exc.status}): {exc}") from None
+        where = place(exc.field)
+        raise click.ClickException(f"refused ({exc.status}): "
+                                   + (f"{where}: " if where else "") + str(exc)) from None
+
+
+def job_id(api: BrokerClient, ref: str) -> int:
+    """The id of the job `ref` names: a job id, or a job name (the last job so named, as
+    --after reads it); a name no job has is an error that says so."""
+    if ref.isascii() and ref.isdigit():
+        return int(ref)
+    from urllib.parse import quote
+
+    named = call(api.get, f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
+    if not named:
+        raise click.ClickException(f"no job is named '{ref}' (give a job id or name; "
+                                   "'marble status --all' lists them)")
+    return named[-1]["id"]
 
 
 def json_option(command: Callable) -> Callable:
@@ -45,6 +62,14 @@ def json_option(command: Callable) -> Callable:
     command's with `marble --json COMMAND`)."""
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON (for scripts).")(command)
+
+
+def profiled_option(command: Callable) -> Callable:
+    """`--profiled`: times in the emulated clock instead of real seconds."""
+    return click.option(
+        "--profiled", is_flag=True,
+        help="Times in profiled seconds (real seconds / marbled's --time-scale), as the "
+             "profile and the simulator count them; for emulated jobs only.")(command)
 
 
 def duration(seconds: float | None) -> str:
@@ -75,6 +100,16 @@ def forecast_text(forecast: dict) -> str:
         return f"queue ends in ~{duration(forecast['finish_at'] - forecast['at'])} " \
                "(simulated from now)"
     return f"no forecast: {forecast['reason']}" if forecast["reason"] else ""
+
+
+def left_out_text(forecast: dict, most: int = 3) -> str:
+    """Which jobs the forecast leaves out and why (GET /v1/forecast's `left_out`), or ''."""
+    out = forecast.get("left_out") or []
+    if not out:
+        return ""
+    named = ", ".join(f"job {j['id']} ({j['why']})" for j in out[:most])
+    more = f" and {len(out) - most} more" if len(out) > most else ""
+    return f"the forecast leaves out {named}{more}"
 
 
 def output(ctx: click.Context, as_json: bool, doc: object, text: Callable[[], None]) -> None:

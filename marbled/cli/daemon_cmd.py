@@ -178,14 +178,20 @@ def _detach(state_dir: Path) -> None:
     if "--state-dir" not in argv:
         argv += ["--state-dir", str(state_dir)]
     with open(state_dir / "marbled.log", "ab") as logf:
+        began = logf.tell()  # the log holds earlier brokers' lines: this attempt's start here
         proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", *argv],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 start_new_session=True)
     try:
         wait_until_serving(BrokerClient(socket_path(state_dir), timeout=2), proc)
     except RuntimeError as exc:
-        tail = (state_dir / "marbled.log").read_text().strip().splitlines()[-3:]
-        raise click.ClickException("\n".join([str(exc), *tail])) from None
+        with open(state_dir / "marbled.log", "rb") as logf:
+            logf.seek(began)
+            said = logf.read().decode(errors="replace").strip().splitlines()
+        # the reason first: this attempt's error (click's "Error: ..."), else its last lines
+        reason = [line.removeprefix("Error: ") for line in said if line.startswith("Error: ")]
+        raise click.ClickException("\n".join(
+            [*(reason or said[-5:]), f"({exc}; its log: {state_dir / 'marbled.log'})"])) from None
     click.echo(f"marbled {proc.pid} ready; state directory {state_dir}")
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from marbled.batch import LAUNCHERS
 from marbled.cli.common import call, client, json_option, output
 from marbled.core.learning import Learning
 from marbled.core.profiles import ProfileError
+from marbled.core.target import gpus_text
 from marbled.resources import learned_book
 
 
@@ -67,8 +68,12 @@ def format_curves(doc: dict) -> str:
     lines = [f"profile {doc['profile']}" + ("" if doc["learning"] else " (not learning)")]
     for m in doc["models"]:
         flag = f"  ** {m['disagrees']}" if m["disagrees"] else ""
-        lines.append(f"\n{m['model']}: optimum {m['optimum']} GPUs (profile: "
-                     f"{m['profile_optimum']}), next run on {m['next_count']}{flag}")
+        best = "not known yet" if m["optimum"] is None else gpus_text(m["optimum"])
+        said = "no profile" if m["profile_optimum"] is None else \
+            f"profile: {gpus_text(m['profile_optimum'])}"
+        aim = m.get("next_reason") or {"text": m["next_count"]}  # a broker before it had one
+        lines.append(f"\n{m['model']}: optimum {best} ({said}), next run on {aim['text']}"
+                     + flag)
         lines.append(f"  {'GPUs':>4} {'profile':>9} {'measured':>9} {'runs':>5} "
                      f"{'estimate':>9}  source")
         for c in m["counts"]:
@@ -204,9 +209,10 @@ def profile(ctx, model, counts, steps, warmup, out_path, system, batch_size, lau
             click.echo(f"{'':{len(model) + 1}} {r.gpus:>4} {r.steps_per_second:>10.4g} "
                        f"{r.spread:>7.1%} {_num(r.startup_s):>10} {_num(r.suspend_s):>9} "
                        f"{r.wall_s:>7.1f}")
+        speeds = entry["steps_per_second"]
         click.echo(f"resumed from a checkpoint: first step after {_num(job.resume_s)} s; "
                    f"wrote {out_path} (model {model}, optimum "
-                   f"{entry['steps_per_second'].index(max(entry['steps_per_second'])) + 1} GPUs)")
+                   f"{gpus_text(speeds.index(max(speeds)) + 1)})")
 
     output(ctx, as_json, result, text)
 

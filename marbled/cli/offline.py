@@ -12,6 +12,7 @@ from marbled.cli.policy_options import make_policy, policy_settings
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.core.spec import SpecError
+from marbled.core.target import gpus_text
 from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workload_path
 
 
@@ -94,7 +95,7 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
     def text() -> None:
         costs = ", ".join(f"{what} {'per model' if v is None else f'{v:g} s'}" for what, v in
                           (("launch", launch_overhead), ("suspend", suspend_overhead)))
-        click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {per_node} GPUs, profile "
+        click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {gpus_text(per_node)}, profile "
                    f"{book.system}, overheads: {costs}")
         click.echo(comparison_table(results))
         if gantt:

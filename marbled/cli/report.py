@@ -1,142 +1,30 @@
 """`marble report`: the staff queries of sql/reports.sql on a broker's state file, offline.
 
-The queries live in sql/reports.sql, each after a `-- name: NAME` line, so that staff
-with only `sqlite3` run the same ones. This module reads that file, runs a query on a
-read-only connection, prints its rows as a table, JSON or CSV, and draws the GPU
-timeline with the Gantt drawing of `marble simulate --gantt` (marbled/sim/report.py).
+The command alone: marbled/report/ runs the queries (`queries`), computes what they show
+(`figures`) and draws the GPU timeline (`draw`, with the Gantt drawing of `marble simulate
+--gantt`); this module parses the options and prints the rows as a table, JSON or CSV.
 """
 
 from __future__ import annotations
 
 import csv
-import re
-import sqlite3
 import sys
-from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 import click
 
 from marbled.cli.common import json_option, output
 from marbled.paths import DB_NAME
-from marbled.resources import sql_path
-
-SUMMARY = "summary"
-RUN_PHASES = ("primary", "secondary")  # the timeline's rows that are runs
-TABLES = ("jobs", "runs", "events", "meta")
-PROFILE_COSTS = {"startup": "startup_s", "suspend": "suspend_s"}  # sample kind -> profile field
-
-
-class StateFileError(Exception):
-    """A file `marble report` cannot read; the message says what it is and what to do."""
-
-
-@dataclass(frozen=True)
-class Query:
-    name: str
-    about: str  # the first comment line under its name
-    sql: str
-
-
-def parse_queries(text: str) -> dict[str, Query]:
-    """The named queries of a SQL file: each runs from its `-- name: NAME` line to the next."""
-    parts = re.split(r"^-- name:[ \t]*(\S+)[ \t]*$", text, flags=re.M)
-    queries = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        first = body.strip().splitlines()[0] if body.strip() else ""
-        about = first[2:].strip() if first.startswith("--") else ""
-        queries[name] = Query(name, about, body.strip())
-    return queries
-
-
-def load_queries() -> dict[str, Query]:
-    return parse_queries(sql_path("reports.sql").read_text())
-
-
-def open_state(path: Path) -> sqlite3.Connection:
-    """A read-only connection to a broker's state file, after checking that it is one of
-    the schema version this marbled reads."""
-    from marbled.store.db import SCHEMA_VERSION  # SQLAlchemy: only once a report is asked
-
-    if path.is_dir():
-        raise StateFileError(f"{path} is a directory: give a state directory with "
-                             f"--state-dir, or its {DB_NAME} with --db")
-    if not path.is_file():
-        raise StateFileError(f"{path}: no such file (a broker's state file is "
-                             f"STATE_DIR/{DB_NAME}: give it with --db, or --state-dir)")
-    # A broker with the file open keeps a -wal file beside it: read as any other reader
-    # (mode=ro, through SQLite's shared memory). Without one nobody is writing: read it
-    # as immutable, which creates no -wal/-shm beside it (staff may not own the directory).
-    live = path.with_name(path.name + "-wal").exists()
-    uri = path.resolve().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
-    try:
-        con = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error as exc:
-        raise StateFileError(f"{path}: cannot open: {exc}") from None
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        missing = [t for t in TABLES if t not in tables]
-        if missing:
-            raise StateFileError(f"{path}: not a marbled state database (no table "
-                                 f"{', '.join(missing)})")
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except sqlite3.DatabaseError as exc:  # "file is not a database", "... is malformed"
-        con.close()
-        raise StateFileError(f"{path}: not an SQLite database ({exc})") from None
-    except StateFileError:
-        con.close()
-        raise
-    version = int(row[0]) if row and str(row[0]).isdigit() else 1  # version 1 had no row
-    if version != SCHEMA_VERSION:
-        con.close()
-        if version < SCHEMA_VERSION:
-            # Not "start marbled on it": that would also resume the jobs it left.
-            raise StateFileError(
-                f"{path} has schema version {version}, older than the version "
-                f"{SCHEMA_VERSION} marble report reads. Bring a copy up to date as marbled "
-                "does at start-up, and report on that: cp FILE COPY && python -c \"from "
-                "marbled.store.db import migrate; migrate('COPY')\" && marble report --db COPY")
-        raise StateFileError(f"{path} has schema version {version}, newer than this "
-                             f"marbled's ({SCHEMA_VERSION}): use the newer marble that wrote it")
-    return con
-
-
-def run_query(con: sqlite3.Connection, query: Query) -> tuple[list[str], list[dict]]:
-    """The columns and rows (as dicts) of one named query."""
-    try:
-        cur = con.execute(query.sql)
-    except sqlite3.Error as exc:
-        raise StateFileError(f"report {query.name}: {exc} (sqlite {sqlite3.sqlite_version})") \
-            from None
-    columns = [d[0] for d in cur.description]
-    return columns, [dict(zip(columns, r, strict=True)) for r in cur.fetchall()]
-
-
-def meta_of(con: sqlite3.Connection) -> dict[str, str]:
-    return dict(con.execute("SELECT key, value FROM meta").fetchall())
-
-
-# -- throughput against the profile
-
-
-def with_profile(rows: list[dict], book) -> list[dict]:
-    """The throughput report's rows with the profile's figure for each and measured/profile;
-    None where the profile (or `book`, when None) does not know it."""
-    out = []
-    for row in rows:
-        curve = book.lookup(row["model"]) if book is not None else None
-        expected = None
-        if curve is not None and row["kind"] == "throughput":
-            try:
-                expected = curve.throughput(row["gpus"], row["share"])
-            except ValueError:  # a count the profile says the model cannot run on
-                expected = None
-        elif curve is not None and row["kind"] in PROFILE_COSTS:
-            expected = getattr(curve, PROFILE_COSTS[row["kind"]])
-        ratio = round(row["measured"] / expected, 3) if expected else None
-        out.append({**row, "profile": expected, "ratio": ratio})
-    return out
+from marbled.report.figures import total_row, with_profile
+from marbled.report.queries import (
+    SUMMARY,
+    StateFileError,
+    load_queries,
+    meta_of,
+    open_state,
+    rows_of,
+    run_query,
+)
 
 
 def find_book(meta: dict[str, str], override: str | None):
@@ -156,136 +44,6 @@ def find_book(meta: dict[str, str], override: str | None):
         raise click.BadParameter(errors[0], param_hint="--profile")
     return None, ("no profile to compare with (" + ("; ".join(errors) or "the file names none")
                   + "): give one with --profile")
-
-
-# -- the GPU timeline (pure: rows in, bars and levels out)
-
-
-@dataclass(frozen=True)
-class Bar:
-    """A run on one node, as the Gantt drawing of marbled/sim/report.py takes it."""
-
-    job: int
-    run: int
-    node: str
-    gpus: tuple[int, ...]
-    role: str
-    start: float
-    end: float
-    share: int = 1
-
-
-def timeline_bars(rows: list[dict]) -> list[Bar]:
-    """The runs of the timeline report as bars, one per node of a run; an open run (a live
-    broker) ends now."""
-    from marbled.store.db import placement_parts
-
-    bars = []
-    for r in rows:
-        if r["phase"] not in RUN_PHASES:
-            continue
-        end = r["end_s"] if r["end_s"] is not None else r["start_s"] + r["seconds"]
-        for node, gpus in placement_parts(r["node"], r["gpu_ids"]):
-            bars.append(Bar(r["job_id"], r["run_id"], node, gpus, r["phase"], r["start_s"], end,
-                            r["share"] or 1))
-    return bars
-
-
-def in_use(bars: list[Bar]) -> list[tuple[float, float, float]]:
-    """GPUs held over time: (t, by primaries, by secondaries) from each change on (a run on
-    1/n of a GPU holds 1/n of it)."""
-    changes = sorted((t, b.role, sign * len(b.gpus) / b.share)
-                     for b in bars for t, sign in ((b.start, 1), (b.end, -1)))
-    level = {role: 0.0 for role in RUN_PHASES}
-    out: list[tuple[float, float, float]] = []
-    for t, role, delta in changes:
-        level[role] = round(level[role] + delta, 9)  # no -1e-16 GPUs after the last end
-        point = (t, level["primary"], level["secondary"])
-        if out and out[-1][0] == t:
-            out[-1] = point
-        else:
-            out.append(point)
-    return out
-
-
-def gpu_seconds(levels: list[tuple[float, float, float]]) -> float:
-    """The area under `in_use`: the GPU-seconds the runs held."""
-    return sum((t1 - t0) * (p + s) for (t0, p, s), (t1, _, _) in pairwise(levels))
-
-
-def between(allocations: list[dict]) -> list[tuple[float, float]]:
-    """The stretches of time between allocations (no broker, no GPUs), from the
-    allocations report."""
-    spans = sorted((a["start_s"], a["end_s"]) for a in allocations)
-    return [(end, start) for (_, end), (start, _) in pairwise(spans) if start > end]
-
-
-def draw_png(path: Path, bars: list[Bar], models: dict[int, str], suspensions: list[dict],
-             total_gpus: int | None, title: str,
-             gaps: list[tuple[float, float]] = ()) -> None:
-    """Top: a row per GPU, a bar per run coloured by job, hatched while a secondary,
-    a red mark where a suspension was asked. Below: GPUs in use over time, by role.
-    Grey: between allocations (no GPUs then)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    from marbled.sim.report import draw_gantt, gpu_rows, job_color
-
-    horizon = max((b.end for b in bars), default=1.0) or 1.0
-    gpu_count = max(min(len(gpu_rows(bars)), 48), 1)
-    fig, (gantt, use) = plt.subplots(
-        2, 1, sharex=True, figsize=(11, 2.6 + 0.32 * gpu_count),
-        gridspec_kw={"height_ratios": [max(0.32 * gpu_count, 1.0), 1.3]})
-    rows = draw_gantt(gantt, bars, horizon, labels=len(models) <= 40)
-    for s in suspensions:
-        if s["requested_s"] is None:
-            continue
-        ys = [rows[(b.node, g)] for b in bars if b.run == s["run_id"] for g in b.gpus
-              if (b.node, g) in rows]
-        gantt.plot([s["requested_s"]] * len(ys), ys, linestyle="none", marker="v",
-                   markersize=6, color="red", markeredgecolor="black", markeredgewidth=0.4)
-    handles = [Patch(facecolor=job_color(j), edgecolor="black", linewidth=0.3,
-                     label=f"{j}: {models.get(j) or '?'}") for j in sorted(models)[:20]]
-    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="secondary"),
-                Line2D([], [], linestyle="none", marker="v", color="red",
-                       markeredgecolor="black", label="suspension asked")]
-    for ax in (gantt, use):
-        for start, end in gaps:
-            ax.axvspan(start, end, color="0.92", zorder=0)
-    if gaps:
-        handles.append(Patch(facecolor="0.92", label="between allocations"))
-    gantt.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
-                 title="job: model", title_fontsize=7, frameon=False)
-    gantt.set_title(title, fontsize=9)
-    if not bars:
-        gantt.text(0.5, 0.5, "nothing ran", transform=gantt.transAxes, ha="center")
-
-    levels = in_use(bars)
-    if levels:
-        t = [p[0] for p in levels]
-        primary = [p[1] for p in levels]
-        both = [p[1] + p[2] for p in levels]
-        # greys: the job colours above stay the only colours
-        use.fill_between(t, 0, primary, step="post", color="0.45", linewidth=0,
-                         label="primary")
-        use.fill_between(t, primary, both, step="post", facecolor="0.85", hatch="///",
-                         edgecolor="0.3", linewidth=0, label="secondary")
-    top = total_gpus or max((p[1] + p[2] for p in levels), default=1.0)
-    if total_gpus:
-        use.axhline(total_gpus, color="black", linestyle="--", linewidth=0.8,
-                    label=f"{total_gpus} GPUs")
-    use.set_ylim(0, top * 1.15)
-    use.set_xlim(0, horizon)
-    use.set_ylabel("GPUs in use", fontsize=8)
-    use.set_xlabel("seconds since the file's first event")
-    use.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -- printing
@@ -406,7 +164,7 @@ def _build(con, queries, name, profile, path) -> tuple[dict, list[str], list[dic
     if name is None:
         columns, (summary,) = run_query(con, queries[SUMMARY])
         _, hours = run_query(con, queries["gpu_hours"])
-        total = next((h for h in hours if h["allocation"] == "all"), None)
+        total = total_row(hours)
         reports = {q.name: q.about for q in queries.values()}
         doc = {"database": str(path), "summary": summary, "gpu_hours": total,
                "reports": reports}
@@ -451,21 +209,13 @@ def _png(con, queries, png: Path, path) -> None:
     except ModuleNotFoundError:
         raise click.ClickException("--png needs matplotlib: pip install 'marbled[plot]'") \
             from None
-    _, timeline = run_query(con, queries["timeline"])
-    _, suspensions = run_query(con, queries["suspensions"])
-    _, (s,) = run_query(con, queries[SUMMARY])
-    _, hours = run_query(con, queries["gpu_hours"])
-    _, allocations = run_query(con, queries["allocations"])
-    total = next((h for h in hours if h["allocation"] == "all"), None)
-    models = {r["job_id"]: r["model"] for r in timeline if r["phase"] in RUN_PHASES}
-    util = f", utilization {total['utilization']:.1%}" if total and total["utilization"] else ""
-    title = (f"{Path(path).name}: policy {s['policy']}, {s['jobs']} jobs, {s['runs']} runs, "
-             f"{s['suspensions']} suspensions{util}")
-    if s["time_scale"] and s["time_scale"] != 1:
-        title += f" (emulated at time scale {_cell(s['time_scale'])})"
+    from marbled.report.draw import draw_png
+    from marbled.report.figures import picture
+
+    rows = rows_of(con, queries, "timeline", "suspensions", SUMMARY, "gpu_hours",
+                   "allocations")
     try:
-        draw_png(png, timeline_bars(timeline), models, suspensions, s["gpus"], title,
-                 between(allocations))
+        draw_png(png, picture(Path(path).name, **rows))
     except OSError as exc:
         raise click.ClickException(f"{png}: cannot write: {exc.strerror}") from None
 

@@ -1,4 +1,8 @@
-"""Print a schedule (the runs table) as a table and as a Gantt chart of GPUs over time."""
+"""Print a schedule (the runs table) as a table and as a Gantt chart of GPUs over time.
+
+Times are real seconds, the broker's clock. Profiled seconds (real seconds / marbled's
+--time-scale) are for a set of emulated jobs only (`clock`), and are labelled.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,27 @@ def _label(job: dict) -> str:
     return job.get("name") or job.get("model") or (" ".join(job.get("command") or [])[:24])
 
 
-def schedule_rows(runs: list[dict], jobs: dict[int, dict], t0: float, scale: float) -> list[dict]:
-    """Runs with times relative to `t0`, in profiled seconds (real seconds / `scale`);
-    a multi-node run gives one row per node."""
+def clock(runs: list[dict], jobs: dict[int, dict], time_scale: float,
+          profiled: bool) -> tuple[float, str]:
+    """The `scale` of `schedule_rows` and the unit to label times with: real seconds, or
+    profiled ones (`profiled`), for which every job that ran must be emulated (a real
+    command's seconds are real whatever the time scale)."""
+    if not profiled:
+        return 1.0, "s"
+    real = sorted({r["job_id"] for r in runs if not jobs.get(r["job_id"], {}).get("emulate")})
+    if real:
+        raise ValueError(
+            "--profiled is for emulated jobs only: job(s) "
+            f"{', '.join(map(str, real[:5]))}{' ...' if len(real) > 5 else ''} ran a real "
+            "command, timed in real seconds; leave out --profiled")
+    return time_scale, "profiled s"
+
+
+def schedule_rows(runs: list[dict], jobs: dict[int, dict], t0: float,
+                  scale: float = 1.0) -> list[dict]:
+    """Runs with times relative to `t0`, in real seconds, or in profiled seconds with
+    `scale` (real seconds per profiled second, `clock`); a multi-node run gives
+    one row per node."""
     rows = []
     for r in runs:
         end = r["ended_at"]
@@ -47,8 +69,10 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_gantt(rows: list[dict], gpus_per_node: dict[str, int], width: int = 64) -> str:
-    """One line per GPU; each column is a time slice marked with the job running there."""
+def format_gantt(rows: list[dict], gpus_per_node: dict[str, int], width: int = 64,
+                 unit: str = "s") -> str:
+    """One line per GPU; each column is a time slice marked with the job running there;
+    `unit`: the time axis's ("s", or "profiled s")."""
     horizon = max((r["end"] or r["start"] for r in rows), default=0.0)
     if horizon <= 0:
         return "(nothing ran)"
@@ -69,7 +93,8 @@ def format_gantt(rows: list[dict], gpus_per_node: dict[str, int], width: int = 6
                     cells[c] = mark
             name = f"{node}/gpu{g}" if len(gpus_per_node) > 1 else f"gpu{g}"
             lines.append(f"{name:>12} |{''.join(cells)}|")
-    lines.append(f"{'':>12}  0{'':>{width - len(f'{horizon:.0f} s') - 1}}{horizon:.0f} s")
+    end = f"{horizon:.0f} {unit}"
+    lines.append(f"{'':>12}  0{'':>{width - len(end) - 1}}{end}")
     legend = {r["job"]: r["label"] for r in rows}
     lines.append("  " + "  ".join(f"{job_symbol(j)}={j} {label}" for j, label in legend.items())
                  + "  (lowercase: secondary)")

@@ -32,7 +32,9 @@ def ready(ctx, timeout, as_json):
                 raise click.ClickException(f"no broker answered within {timeout:g} s: {exc}") \
                     from None
             time.sleep(0.1)
-    nodes = ", ".join(f"{n}: {len(v['gpus'])} GPUs" for n, v in status["nodes"].items())
+    from marbled.core.target import gpus_text
+
+    nodes = ", ".join(f"{n}: {gpus_text(len(v['gpus']))}" for n, v in status["nodes"].items())
     output(ctx, as_json, status, lambda: click.echo(f"marbled {status['pid']} ready ({nodes})"))
 
 

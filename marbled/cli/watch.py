@@ -14,12 +14,14 @@ import tty
 
 import click
 
-from marbled.cli.common import FINAL, call, client, eta_text, forecast_text
-from marbled.cli.schedule import format_gantt, job_symbol, schedule_rows
+from marbled.cli.common import FINAL, call, client, eta_text, forecast_text, profiled_option
+from marbled.cli.schedule import clock, format_gantt, job_symbol, schedule_rows
 
 
-def frame(status: dict, jobs: list[dict], runs: dict, forecast: dict, width: int):
-    """One screen: the broker, its jobs with progress and ETA, and the GPUs over time."""
+def frame(status: dict, jobs: list[dict], runs: dict, forecast: dict, width: int,
+          profiled: bool = False):
+    """One screen: the broker, its jobs with progress and ETA, and the GPUs over time (in
+    real seconds; `profiled`: in profiled ones, for emulated jobs)."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
@@ -49,16 +51,17 @@ def frame(status: dict, jobs: list[dict], runs: dict, forecast: dict, width: int
                       ",".join(map(str, j["gpus"])) or "-", bar,
                       f"{j['step'] or 0}/{j['steps'] or '?'}",
                       f"{j['rate']:.3g}" if j.get("rate") else "-", eta_text(j, forecast))
+    by_id = {j["id"]: j for j in jobs}
+    scale, unit = clock(runs["runs"], by_id, status["time_scale"], profiled)
     t0 = min((r["started_at"] for r in runs["runs"]), default=time.time())
-    now = (time.time() - t0) / status["time_scale"]
+    now = (time.time() - t0) / scale
     # runs still going are drawn up to now, the chart's right edge
     rows = [{**r, "end": now if r["end"] is None else r["end"]}
-            for r in schedule_rows(runs["runs"], {j["id"]: j for j in jobs}, t0,
-                                   status["time_scale"])]
+            for r in schedule_rows(runs["runs"], by_id, t0, scale)]
     gantt = format_gantt(rows, {n: len(v["gpus"]) for n, v in status["nodes"].items()},
-                         max(width - 20, 20))
+                         max(width - 20, 20), unit)
     return Group(head, Panel(table, title="jobs", subtitle=forecast_text(forecast)),
-                 Panel(Text(gantt), title="GPUs over time (profiled s; lowercase: secondary)"),
+                 Panel(Text(gantt), title=f"GPUs over time ({unit}; lowercase: secondary)"),
                  Text("q or Ctrl-C: quit", style="dim"))
 
 
@@ -90,23 +93,30 @@ def _keys():
 @click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
               help="Seconds between updates.")
 @click.option("--once", is_flag=True, help="Print one view and exit (for logs and scripts).")
+@profiled_option
 @click.pass_context
-def watch(ctx, interval, once):
+def watch(ctx, interval, once, profiled):
     """A live view: every job's progress bar, speed and ETA, and the GPUs over time
-    (as the MARBLE paper's Figure 5 draws them). Quit with q or Ctrl-C."""
+    (as the MARBLE paper's Figure 5 draws them, in real seconds). Quit with q or Ctrl-C."""
     from rich.console import Console
     from rich.live import Live
 
     api = client(ctx)
     console = Console()  # its width follows the terminal's
+
+    def draw():
+        try:
+            return frame(*_snapshot(api), console.width, profiled)
+        except ValueError as exc:  # --profiled with a real job
+            raise click.UsageError(str(exc)) from None
+
     if once:
-        console.print(frame(*_snapshot(api), console.width))
+        console.print(draw())
         return
     with contextlib.suppress(KeyboardInterrupt), _keys() as key, \
-            Live(frame(*_snapshot(api), console.width), console=console, screen=True,
-                 auto_refresh=False) as live:
+            Live(draw(), console=console, screen=True, auto_refresh=False) as live:
         while key(interval) not in ("q", "Q"):
-            live.update(frame(*_snapshot(api), console.width), refresh=True)
+            live.update(draw(), refresh=True)
 
 
 COMMANDS = (watch,)

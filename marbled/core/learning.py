@@ -12,7 +12,8 @@ count and says what the broker should believe:
   shape), else from Optimus's scaling model 1/v(g) = a + b/g + c*g fitted to the
   measured counts (Peng et al., EuroSys 2018; three counts or more), else the
   nearest measured count's value;
-* the count the model's next run should use (`next_count()`): the curve's
+* the count the model's next run should use (`next_count()`; `core.target` decides
+  it and says why): the curve's
   optimum once it is known; while it is not (a model no profile knows, or one
   whose measurements contradict its profile), a search: double while a doubling
   pays at least `gain`, halve from a profile's optimum that turned out wrong,
@@ -23,8 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from statistics import median
+from typing import TYPE_CHECKING
 
 from marbled.core.profiles import ProfileBook, ThroughputCurve, model_key
+
+if TYPE_CHECKING:
+    from marbled.core.target import Target
 
 RECENT = 9  # samples per count that the median is taken over
 
@@ -145,34 +150,19 @@ class Knowledge:
                                 if len(samples) >= self.learning.min_samples else known)
         return out
 
-    def next_count(self, max_gpus: int) -> int:
-        """The GPU count the model's next run should use."""
-        points = self.measured()
-        if not points:
-            start = self.profile.optimal_gpus(max_gpus) if self.profile else \
-                self.learning.start_gpus
-            return min(start, max_gpus)
-        curve = self.curve(max_gpus)
-        if self.shape_holds():
-            return curve.optimal_gpus(max_gpus)
-        best = max(points, key=lambda g: (points[g], -g))
-        if len(points) >= 3 and fit_scaling(points):
-            return curve.optimal_gpus(max_gpus)  # the fitted optimum, measured or to try
-        if best == max(points) and best < max_gpus:
-            below = [g for g in points if g < best]
-            up = curve.largest(min(2 * best, max_gpus))
-            if up and up > best and (not below or points[best] >= (1 + self.learning.gain)
-                                     * points[max(below)]):
-                return up  # the last doubling paid: try the next
-        if best == min(points) and best > 1 and self.profile is not None:
-            down = curve.largest(best // 2) or curve.smallest()
-            if down < best:
-                return down  # the profile's optimum was too high: look lower
-        return best
+    def next_count(self, max_gpus: int) -> int | None:
+        """The GPU count the model's next run should use (`core.target`, which says why)."""
+        return self.target(max_gpus).count
+
+    def target(self, max_gpus: int) -> Target:
+        """`core.target.target`: the count and its reason."""
+        from marbled.core.target import target  # it reads this module
+
+        return target(self, max_gpus)
 
     def report(self, max_gpus: int) -> dict:
         """Profile against measurement against the estimate, count by count (for people)."""
-        points, curve = self.measured(), self.curve(max_gpus)
+        points, curve, aim = self.measured(), self.curve(max_gpus), self.target(max_gpus)
         holds = self.shape_holds()
         counts = []
         for g in range(1, max_gpus + 1):
@@ -188,7 +178,7 @@ class Knowledge:
         said = self.profile.optimal_gpus(max_gpus) if self.profile else None
         return {"model": self.model, "counts": counts, "profile_optimum": said,
                 "optimum": curve.optimal_gpus(max_gpus) if curve else None,
-                "next_count": self.next_count(max_gpus),
+                "next_count": aim.count, "next_reason": aim.as_dict(),
                 "startup_s": curve.startup_s if curve else None,
                 "suspend_s": curve.suspend_s if curve else None,
                 "disagrees": self.disagreement(max_gpus)}
@@ -220,6 +210,7 @@ class LearnedBook:
         self.profile, self.learning = book, learning
         self.max_gpus = max_gpus or book.gpus_per_node
         self.known: dict[str, Knowledge] = {}  # by model_key, for models with a measurement
+        self.version = 0  # counts the measurements taken: what was derived before is stale
 
     @property
     def system(self) -> str:
@@ -229,19 +220,30 @@ class LearnedBook:
     def models(self) -> list[str]:
         return sorted({*self.profile.models, *(k.model for k in self.known.values())})
 
+    def names(self) -> dict[str, str]:
+        """`ProfileBook.names`, with the models learned from runs alone."""
+        return {**{k: know.model for k, know in self.known.items()}, **self.profile.names()}
+
     def knowledge(self, model: str) -> Knowledge:
         key = model_key(model)
-        return self.known.get(key) or Knowledge(model, self.profile.lookup(model),
+        profile = self.profile.lookup(model)
+        # under the profile's name, whatever alias its first sample was recorded under
+        return self.known.get(key) or Knowledge(profile.model if profile else model, profile,
                                                 learning=self.learning)
 
     def lookup(self, model: str) -> ThroughputCurve | None:
         return self.knowledge(model).curve(self.max_gpus)
 
     def demand(self, model: str, limit: int) -> int | None:
-        return self.knowledge(model).next_count(min(limit, self.max_gpus))
+        return self.target(model, limit).count
+
+    def target(self, model: str, limit: int) -> Target:
+        """The count the model's next run should use, at most `limit`, and why."""
+        return self.knowledge(model).target(min(limit, self.max_gpus))
 
     def record(self, model: str, kind: str, value: float, gpus: int = 0) -> None:
         self.known[model_key(model)] = self.knowledge(model).with_sample(kind, value, gpus)
+        self.version += 1
 
     def report(self, model: str | None = None) -> list[dict]:
         """`Knowledge.report` of one model, or of every model profiled or measured."""

@@ -97,6 +97,8 @@ class Job:
     max_share: int = 1  # the most runs it may share one GPU with (itself included)
     curve: ThroughputCurve | None = None
     steps_left: float | None = None  # at its submission or its last suspension
+    move: str | None = None  # why a running job is off its demand by what was learned (the
+    # reason of the policy's move: 'explore', 'learned optimum'); None: a secondary's promotion
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -199,6 +201,7 @@ class State:
         self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
+        self._above: set[int] = set()  # running on more whole GPUs than their demand
         self._with_deps: set[int] = set()  # never started and waiting for dependencies
         # Where each job stands with its dependencies, kept up to date as jobs change, so a
         # decision reads only the jobs that can start (a queue of thousands of jobs waiting
@@ -248,6 +251,11 @@ class State:
         """Secondaries running (not suspending) on `node`, oldest first."""
         return [self.jobs[i] for i in sorted(self._secondaries[node])]
 
+    def above_demand(self) -> list[Job]:
+        """Jobs running on more whole GPUs than their demand (after what was learned of
+        their model lowered it), oldest first."""
+        return [self.jobs[i] for i in sorted(self._above)]
+
     def resumable(self) -> list[Job]:
         """Suspended jobs whose resume has GPUs reserved, oldest first."""
         return [self.jobs[i] for i in sorted(self._resumable)]
@@ -293,6 +301,7 @@ class State:
                     run_started=at,
                     not_before=None,
                     expected_end=None,
+                    move=None,
                 )
             case Suspend(resume_on=resume_on):
                 if job.state is not JobState.RUNNING:
@@ -325,22 +334,25 @@ class State:
         remaining time read it; the profile curve gives it)."""
         return self._put(replace(self.jobs[job_id], expected_end=end))
 
-    def resize(self, job_id: int, demand: int | None, curve: ThroughputCurve | None) -> Job:
-        """What was learned of a resizable job's model: its count to aim for and its curve.
-        A waiting job takes both; one that holds or has reserved GPUs never aims below them
-        (it is not shrunk by what is learned), and one running below its new count becomes
-        a secondary (a policy that promotes may then give it more)."""
+    def resize(self, job_id: int, demand: int | None, curve: ThroughputCurve | None,
+               move: str | None = None) -> Job:
+        """What was learned of a resizable job's model: its count to aim for and its curve,
+        and `move`, what a policy's move of a running job to that count is called.
+        A waiting job takes both. A running one below its new count becomes a secondary
+        (a policy that promotes may then give it more); one on its count or above it is a
+        primary (a policy may bring it down: its runs measured fewer GPUs faster). A job
+        suspending to GPUs reserved for its resume never aims below them."""
         job = self.jobs[job_id]
         if job.state.finished or not job.malleable or job.nodes > 1 or demand is None:
             return job
-        held = max(len(job.gpus) if job.placement and job.placement.share == 1 else 1,
-                   len(job.resume_on.gpus) if job.resume_on else 0) if job.engaged else 0
-        demand = max(demand, held)
-        role = job.role
+        demand = max(demand, len(job.resume_on.gpus) if job.resume_on else 0)
+        role, moving = job.role, None
         if job.state is JobState.RUNNING:
-            role = Role.PRIMARY if job.placement.share == 1 and len(job.gpus) == demand \
-                else Role.SECONDARY
-        return self._put(replace(job, demand=demand, curve=curve, role=role))
+            on = len(job.gpus) if job.placement.share == 1 else 0
+            role = Role.PRIMARY if on >= demand else Role.SECONDARY
+            if on != demand:  # a secondary that stays below keeps its promotion's name
+                moving = move if job.role is Role.PRIMARY or on > demand else job.move
+        return self._put(replace(job, demand=demand, curve=curve, role=role, move=moving))
 
     def drop_reservation(self, job_id: int) -> Job:
         """Forget the GPUs kept for a job's resume (it will wait in the FIFO instead)."""
@@ -401,6 +413,11 @@ class State:
             self._resumable.add(new.id)
         else:
             self._resumable.discard(new.id)
+        if new.state is JobState.RUNNING and new.placement.share == 1 \
+                and len(new.gpus) > new.demand:
+            self._above.add(new.id)
+        else:
+            self._above.discard(new.id)
         if new.after and new.state is JobState.QUEUED:
             self._with_deps.add(new.id)
         else:

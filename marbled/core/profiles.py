@@ -120,6 +120,10 @@ class ProfileBook:
     def models(self) -> list[str]:
         return sorted({c.model for c in self.curves.values()})
 
+    def names(self) -> dict[str, str]:
+        """Every name and alias (as `model_key`) -> the model's name in the profile."""
+        return {k: c.model for k, c in self.curves.items()}
+
     @classmethod
     def from_mapping(cls, doc: object, source: str = "<memory>") -> ProfileBook:
         """Build a book from a parsed profile document, naming the bad field on error."""

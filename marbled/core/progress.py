@@ -1,17 +1,27 @@
 """How fast a running job trains and when it will end (pure).
 
-A run's speed is measured from its own progress reports: steps per second between its
-first step and its last report (start-up is not training). Before it has trained for
-`MIN_WINDOW_S` or `MIN_STEPS`, its curve (on the broker's clock) stands in. Its end is
-its last report's time plus the steps left at that speed, so a report a second old
-does not move the estimate.
+A run's speed follows its recent progress: a moving window over its progress reports,
+from the point each report names as `since` (the job's newest earlier report at least
+`marbled.worker.protocol.RATE_WINDOW_S`, 1 s, old) to the report itself. The window is
+1 s, or one report interval where that is longer (MARBLE_REPORT_INTERVAL, 1 s by
+default): a job whose speed halves shows it in its next report, where the average since
+its first step kept a stale ETA for minutes. No smoothing beyond that: a training step
+takes steady time, reports fall on step boundaries, so a window of whole steps measures
+the speed it covers exactly; a stall (a checkpoint save) moves the ETA for one report.
+
+The window never reaches back into start-up (start-up is not training). A report without
+`since` (a job that writes its progress file itself) is timed from its first step. Before
+it has trained for `MIN_WINDOW_S` and `MIN_STEPS`, its curve (on the broker's clock)
+stands in. Its end is its last report's time plus the steps left at that speed, so a
+report a second old does not move the estimate. All times are the broker's (real)
+seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marbled.core.measure import first_point, throughput, training_point
+from marbled.core.measure import Point, first_point, throughput, training_point
 from marbled.core.profiles import ThroughputCurve
 
 
@@ -29,6 +39,20 @@ class Progress:
 UNKNOWN = Progress(None, None, None)
 
 
+def recent_rate(report: dict, first: Point, last: Point) -> float | None:
+    """Steps per second over the report's window: from its `since` point (or the run's
+    first step, if that is later) to `last`; None when the report names no window."""
+    since = report.get("since")
+    if not isinstance(since, dict) or "step" not in since or "time" not in since:
+        return None
+    start = Point(int(since["step"]), float(since["time"]))
+    if start.time < first.time:
+        start = first
+    if last.step <= start.step or last.time <= start.time:
+        return None
+    return (last.step - start.step) / (last.time - start.time)
+
+
 def run_progress(report: dict, steps: int | None, gpus: int, share: int,
                  curve: ThroughputCurve | None, now: float) -> Progress:
     """A running job's speed and end from its last progress `report` ({} before the first)
@@ -37,7 +61,8 @@ def run_progress(report: dict, steps: int | None, gpus: int, share: int,
     first, last = first_point(report), training_point(report)
     sample = throughput(first, last, gpus, share, 1.0) if first and last else None
     if sample is not None:
-        rate, source, at = sample.value, "measured", last.time
+        rate = recent_rate(report, first, last) or sample.value
+        source, at = "measured", last.time
     elif curve is not None and curve.possible(gpus):
         rate, source, at = curve.throughput(gpus, share), "profile", now
     else:

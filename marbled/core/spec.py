@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
+import posixpath
+import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marbled.core.errors import Invalid
-from marbled.core.profiles import ProfileBook
+from marbled.core.profiles import ProfileBook, model_key
 
 MAX_STEPS = 10**12
 MAX_NAME = 128
+MAX_MODEL = 128  # the jobs and samples tables' model column, VARCHAR(128)
+MODEL_CHARS = "A-Za-z0-9._+:/-"  # letters, digits and . _ + : / - (e.g. resnet-50, org/net)
 MAX_COMMAND_ARGS = 4096
 MAX_NODES = 10_000
 MAX_RETRIES = 100
+MAX_PATH = 4096  # Linux's PATH_MAX
 
 
 class SpecError(Invalid, ValueError):
@@ -35,9 +41,13 @@ class JobSpec:
     name: str | None = None
     nodes: int = 1  # > 1: `gpus` GPUs on each of that many nodes, one process per node
     retries: int = 0  # times a failed run is started again (from its checkpoint)
+    # The directory the job runs in, as Slurm's --chdir; relative in a job file (to the
+    # file's directory, see `run_from`), absolute once it reaches the broker.
+    chdir: str | None = None
+    new_model: bool = False  # the user means a model no profile knows: no note at submit
 
     FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes",
-              "retries")
+              "retries", "chdir", "new_model")
 
     @classmethod
     def from_mapping(cls, doc: object) -> JobSpec:
@@ -74,6 +84,13 @@ class JobSpec:
         model = doc.get("model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise SpecError("model", "must be a non-empty string such as 'resnet-50'")
+        if model is not None and (len(model) > MAX_MODEL
+                                  or not re.fullmatch(f"[{MODEL_CHARS}]+", model)):
+            raise SpecError("model", f"must be 1 to {MAX_MODEL} letters, digits and . _ + : / - "
+                                     f"(such as 'resnet-50'), not {_shown(model)}")
+        new_model = doc.get("new_model", False)
+        if not isinstance(new_model, bool):
+            raise SpecError("new_model", "must be true or false")
 
         steps = doc.get("steps")
         if steps is not None and (
@@ -112,10 +129,21 @@ class JobSpec:
                 or not 0 <= retries <= MAX_RETRIES:
             raise SpecError("retries", f"must be a whole number from 0 to {MAX_RETRIES}")
 
+        chdir = doc.get("chdir")
+        if chdir is not None and (not isinstance(chdir, str) or not 0 < len(chdir) <= MAX_PATH
+                                  or "\0" in chdir):
+            raise SpecError("chdir", f"must be a directory path of 1 to {MAX_PATH} characters")
+
         if emulate and (model is None or steps is None):
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
-        return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries)
+        return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries,
+                   chdir, new_model)
+
+    def run_from(self, base: str) -> JobSpec:
+        """This job with an absolute `chdir`: its own joined to the absolute directory `base`
+        (a relative one reads from `base`), or `base` itself if it names none."""
+        return replace(self, chdir=posixpath.normpath(posixpath.join(base, self.chdir or ".")))
 
     def to_mapping(self) -> dict:
         return {
@@ -128,6 +156,8 @@ class JobSpec:
             "name": self.name,
             "nodes": self.nodes,
             "retries": self.retries,
+            "chdir": self.chdir,
+            "new_model": self.new_model,
         }
 
 
@@ -147,8 +177,8 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
     if spec.emulate and book.lookup(spec.model) is None:
         raise SpecError(
             "model",
-            f"an emulated job needs a model with a curve in profile '{book.system}' "
-            f"(known: {', '.join(book.models)})",
+            f"an emulated job needs a model with a curve in profile '{book.system}'"
+            f"{_did_you_mean(spec.model, book, ': {}')} (known: {', '.join(book.models)})",
         )
     if spec.gpus is not None:
         if spec.gpus > node_gpus:
@@ -160,7 +190,7 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
         curve = book.lookup(spec.model) if spec.model else None
         if curve is not None and not curve.possible(spec.gpus):
             can = [g for g in range(1, node_gpus + 1) if curve.possible(g)]
-            raise SpecError("gpus", f"'{spec.model}' cannot run on {spec.gpus} GPUs (its "
+            raise SpecError("gpus", f"'{spec.model}' cannot run on {_gpus(spec.gpus)} (its "
                                     f"profile says so); it runs on {can or 'none'}")
         return Sizing(spec.gpus, malleable=False)
     if spec.model is None:
@@ -170,11 +200,54 @@ def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int =
     if best is None and curve is None:
         raise SpecError(
             "model",
-            f"'{spec.model}' has no throughput curve in profile '{book.system}' "
-            f"(known: {', '.join(book.models)}); give an explicit GPU count instead",
+            f"'{spec.model}' has no throughput curve in profile '{book.system}'"
+            f"{_did_you_mean(spec.model, book, ': {}')} (known: {', '.join(book.models)}); "
+            "else give an explicit GPU count",
         )
     if best is None:
-        raise SpecError("model", f"'{spec.model}' cannot run on any count up to {node_gpus} "
-                                 f"GPUs (its profile in '{book.system}' rules them all out)")
+        raise SpecError("model", f"'{spec.model}' cannot run on any count up to "
+                                 f"{_gpus(node_gpus)} (its profile in '{book.system}' rules "
+                                 "them all out)")
     share = curve.max_share if curve is not None and spec.nodes == 1 else 1
     return Sizing(best, malleable=True, max_share=share)
+
+
+def unknown_model_note(spec: JobSpec, sizing: Sizing, book: ProfileBook) -> str | None:
+    """What to tell the user of a job whose model the book has no curve for (a typo, or a
+    new model to explore), unless they said they mean it (`new_model`); None otherwise."""
+    if spec.model is None or spec.new_model or book.lookup(spec.model) is not None:
+        return None
+    then = f"it will be explored from {_gpus(sizing.demand)}" if sizing.malleable \
+        else f"it runs on the {_gpus(sizing.demand)} asked for"
+    return (f"model '{spec.model}' is not in profile {book.system}"
+            f"{_did_you_mean(spec.model, book, ' ({})')}; {then}")
+
+
+def close_models(model: str, book: ProfileBook) -> list[str]:
+    """The book's models whose name or an alias (or a learned model's name) looks most like
+    `model` (several only when equally close): what 'did you mean' offers."""
+    names, key = book.names(), model_key(model)
+    scored = [(difflib.SequenceMatcher(None, key, k).ratio(), k) for k in names]
+    best = max((score for score, _ in scored), default=0.0)
+    if best < 0.6:  # difflib.get_close_matches' cutoff: below it, nothing looks alike
+        return []
+    return sorted({names[k] for score, k in scored if score == best})
+
+
+def _did_you_mean(model: str, book: ProfileBook, form: str) -> str:
+    """'did you mean resnet-50?' in `form` (e.g. ' ({})'), or '' if nothing is close."""
+    close = close_models(model, book)
+    return form.format(f"did you mean {' or '.join(close)}?") if close else ""
+
+
+def _gpus(n: int) -> str:
+    """'1 GPU', '2 GPUs' (`core.target`, imported here only: it reads the learning module,
+    which a client that checks a spec need not load)."""
+    from marbled.core.target import gpus_text
+
+    return gpus_text(n)
+
+
+def _shown(text: str, most: int = 40) -> str:
+    """`text` quoted for a message, cut short when long."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text)} characters)"

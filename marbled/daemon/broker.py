@@ -32,6 +32,7 @@ from marbled.daemon.ledger import Ledger
 from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
+from marbled.paths import workdir_problem
 from marbled.store.db import Store
 
 log = logging.getLogger("marbled")
@@ -228,7 +229,7 @@ class Broker:
         """Accept all of `specs` or none; the stored rows, in order (committed on return)."""
         admitted = self._admit(specs)
         rows = self.ledger.submitted(admitted, self.clock.time())
-        self._accepted(admitted)
+        self._accepted(admitted, rows)
         return rows
 
     def submit_grouped(self, specs: list[JobSpec]) -> tuple[list, asyncio.Future]:
@@ -239,7 +240,7 @@ class Broker:
         rows, durable = self.ledger.submit_grouped(admitted, self.clock.time())
         # The state takes the jobs now (a later submission of the group may name them); any
         # store write, a decision's included, commits the group's rows first.
-        self._accepted(admitted)
+        self._accepted(admitted, rows)
         return rows, durable
 
     def _admit(self, specs: list[JobSpec]) -> list:
@@ -247,11 +248,14 @@ class Broker:
             raise Unavailable("the broker is shutting down; submit to the next broker")
         if self._failure is not None:
             raise Unavailable("the broker is stopping: its store could not commit")
+        # a job that names no directory runs in the broker's (an API client's own is unknown)
+        specs = [s if s.chdir else replace(s, chdir=str(self.config.workdir)) for s in specs]
         return admit(specs, first_id=self._next_id, state=self.state, book=self.book,
-                     policy=self.policy, names=self.names)
+                     policy=self.policy, names=self.names, workdir_problem=workdir_problem)
 
-    def _accepted(self, admitted: list) -> None:
-        for a in admitted:
+    def _accepted(self, admitted: list, rows: list) -> None:
+        for a, row in zip(admitted, rows, strict=True):
+            row.notes = list(a.notes)  # for the submit answer only: not stored
             self.add(a.job, a.spec)
             if a.spec.name:
                 self.names[a.spec.name] = a.job.id

@@ -30,6 +30,8 @@ class BrokerConfig:
     # When the allocation ends (Unix time), and how long before it every job is suspended.
     end_time: float | None = None
     drain_before: float = 120.0
+    # Where a job submitted without a directory (`chdir`) runs: the broker's own working one.
+    workdir: Path = field(default_factory=Path.cwd)
     retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure
     sample_interval: float = 10.0  # seconds between GPU samples (with a sampler)
     # How the broker learns its models from their runs (None: only the profile, and a model

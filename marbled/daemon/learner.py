@@ -8,7 +8,9 @@ learned book (`core.learning`), which then names each model's curve and the coun
 its next run should use. The model's waiting jobs take that count and curve at
 once; a running one whose count is now below it becomes a secondary, so a policy
 that promotes (MARBLE) moves it up when GPUs free: how a model no profile knew is
-explored, one doubling at a time, while each pays.
+explored, one doubling at a time, while each pays. One above it (a doubling that did
+not pay) is brought back down by MARBLE when the move pays. The count and its reason
+are `core.target`'s, which `marble curves`, `status` and `explain` show.
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ class Learner:
         for s in samples:
             if s.kind != "throughput" or s.share == 1:  # shared runs: the profile's figures
                 self.book.record(model, s.kind, s.value, s.gpus)
-        demand = self.book.demand(model, b.state.max_node_size)
+        aim = self.book.target(model, b.state.max_node_size)
         for job_id in self._jobs.get(model_key(model), ()):
             if not b.state.jobs[job_id].state.finished:
-                b.state.resize(job_id, demand, b.curve_of(job_id))
+                b.state.resize(job_id, aim.count, b.curve_of(job_id), aim.move)
         b.wake()

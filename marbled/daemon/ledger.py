@@ -43,10 +43,12 @@ DEFER = 0.05  # seconds a write no one waits for may wait for company
 JOB_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
-    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason")
+    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir")
 INSERT_JOB = (f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) "
               f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
 INSERT_EVENT = "INSERT INTO events (at, kind, job_id, run_id, data) VALUES (?, ?, ?, ?, ?)"
+FILL_END_STEP = ("UPDATE runs SET end_step = ? WHERE end_step IS NULL AND id = "
+                 "(SELECT max(id) FROM runs WHERE job_id = ? AND id < ?)")
 
 
 def _json(value) -> str:
@@ -203,6 +205,7 @@ class Ledger:
             max_share=a.job.max_share, command=list(a.spec.command), emulate=a.spec.emulate,
             after=list(a.job.after), state=JobState.QUEUED.value, step=0, suspensions=0,
             submitted_at=at, started_at=None, finished_at=None, exit_code=None, reason=None,
+            chdir=a.spec.chdir,
         ) for a in admitted]
 
     def _insert_jobs(self, rows: list[SimpleNamespace]) -> Callable[[sqlite3.Connection], None]:
@@ -210,7 +213,7 @@ class Ledger:
             con.executemany(INSERT_JOB, [(
                 r.id, r.name, r.model, r.steps, r.gpus_request, r.demand, r.nodes, r.retries,
                 0, None, r.malleable, r.max_share, _json(r.command), r.emulate, _json(r.after),
-                r.state, 0, 0, r.submitted_at, None, None, None, None) for r in rows])
+                r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir) for r in rows])
             con.executemany(INSERT_EVENT, [(
                 r.submitted_at, "submitted", r.id, None,
                 _json({"demand": r.demand, "malleable": r.malleable})) for r in rows])
@@ -325,6 +328,10 @@ class Ledger:
         with self._tx() as con:
             con.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in run)} WHERE id = ?",
                         (*run.values(), run_id))
+            if start_step is not None:
+                # Where this run resumed is where the run before it (stopped by force, so
+                # its checkpoint's step was unknown) really ended.
+                con.execute(FILL_END_STEP, (start_step, job_id, run_id))
             sets = [f"{k} = ?" for k in job] + counters
             con.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?",
                         (*job.values(), job_id))

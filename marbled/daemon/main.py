@@ -19,6 +19,7 @@ from marbled.api.server import build_app
 from marbled.batch.base import Launcher
 from marbled.batch.local import LocalLauncher
 from marbled.core.policy import Policy
+from marbled.core.target import gpus_text
 from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
@@ -114,7 +115,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                      (signal.SIGUSR2, "the allocation is about to end (SIGUSR2)")):
         loop.add_signal_handler(sig, shutdown, why)
     loop.add_signal_handler(signal.SIGUSR1, broker.runs.check_acks, True)  # a job's ack
-    nodes = ", ".join(f"{n}: {len(d)} GPUs" for n, d in config.nodes.items())
+    nodes = ", ".join(f"{n}: {gpus_text(len(d))}" for n, d in config.nodes.items())
     log.info("marbled %d ready on %s (%s, policy %s, %s, %s launcher)", os.getpid(), path,
              nodes, policy.name, gpu_source, launcher.name)
     if config.end_time is not None:

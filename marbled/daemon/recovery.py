@@ -2,12 +2,16 @@
 
 A run the store shows as open is adopted if its node is still the broker's: if
 its process lives it is watched until it exits; if it ended while no broker
-watched, its exit is handled at once (from its acknowledgement and progress
-files: the exit code of a process that is not the broker's child is not
-knowable). Nothing is started twice: if the last broker died between writing a
-run's row and recording its pid, the process is found by its environment. A run
-on a node that is no longer the broker's ended with its allocation: its job
-resumes from its last checkpoint.
+watched, its exit is handled at once. Nothing is started twice: if the last
+broker died between writing a run's row and recording its pid, the process is
+found by its environment. A run on a node that is no longer the broker's ended
+with its allocation.
+
+The exit code of a process that is not the broker's child is not knowable, so
+the job's own files say how such a run ended (`core/outcome.py`): its
+acknowledged checkpoint, its last progress report (at the job's last step: done,
+with no relaunch), or none (it never restored: it ends where it started). Its
+detail says "recovered after a broker restart".
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from marbled.batch.local import find_run_process, process_start_time
 from marbled.core.model import Job, JobState, Placement, Role
+from marbled.core.outcome import RunEnd, run_outcome
 from marbled.daemon.runs import LiveRun
 from marbled.store.db import job_spec, placement_parts
 
@@ -42,16 +47,28 @@ def recover(broker: Broker) -> None:
         if state.holds_gpus and parts and all(n in broker.config.nodes for n, _ in parts):
             _adopt(broker, job, job_spec(row), row.step, state, run, parts)
             continue
-        if run is not None:
+        done = row.step
+        if run is not None:  # its node left with its allocation, and the run with it
+            end = _unwatched_end(broker, row, run, state)
             broker.ledger.run_ended(
                 job.id, run.id, at=broker.clock.time(), exit_code=None,
-                reason=JobState.SUSPENDED.value,
-                detail=f"node {run.node} left with its allocation before the run was "
-                       "suspended; resumes from its last checkpoint")
-        if state.holds_gpus:
+                reason=end.outcome.value, outcome=end.outcome, end_step=end.end_step,
+                start_step=broker.files.progress(row.id, run.id).get("start_step"),
+                detail=f"{end.why}; node {run.node} left with its allocation", recovered=True)
+            state, done = end.outcome, done if end.end_step is None else end.end_step
+        elif state.holds_gpus:
             state = JobState.SUSPENDED
-        broker.add(replace(job, state=state), job_spec(row), row.step)
+        broker.add(replace(job, state=state), job_spec(row), done)
     broker.wake()
+
+
+def _unwatched_end(broker: Broker, row, run, state: JobState) -> RunEnd:
+    """How a run no broker saw end did end, from its job's files (`core/outcome.py`)."""
+    progress = broker.files.progress(row.id, run.id)
+    return run_outcome(code=None, cancelled=False, suspending=state is JobState.SUSPENDING,
+                       escalated=False, reason="broker restart", ack=broker.files.ack(
+                           row.id, run.id), progress_step=progress.get("step"),
+                       target_steps=row.steps, start_step=run.start_step, recovered=True)
 
 
 def _adopt(broker: Broker, job: Job, spec, done: int, state: JobState, run, parts) -> None:
@@ -68,9 +85,11 @@ def _adopt(broker: Broker, job: Job, spec, done: int, state: JobState, run, part
         if pid:
             broker.ledger.run_process(run.id, pid, pid_start)
     handle = broker.launcher.adopt(pid or 0, pid_start, run_dir, run.id)
-    broker.ledger.event("adopted", broker.clock.time(), job.id, run.id, pid=pid,
-                        alive=handle.signal(0))
-    live = LiveRun(job.id, run.id, handle, run.start_step or 0, reason="broker restart")
+    alive = handle.signal(0)
+    broker.ledger.event("adopted", broker.clock.time(), job.id, run.id, pid=pid, alive=alive)
+    # One that ended while no broker watched is settled from its files as it is seen to end.
+    live = LiveRun(job.id, run.id, handle, run.start_step or 0, reason="broker restart",
+                   recovered=not alive)
     broker.runs.watch(live)
     if state is JobState.SUSPENDING:  # asked before the restart: still escalate
         broker.runs.expect_ack(live)

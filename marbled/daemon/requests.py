@@ -1,14 +1,16 @@
-"""What a run is started with: its command, the worker protocol's environment, its logs."""
+"""What a run is started with: its command and directory, the worker protocol's environment,
+its logs."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from marbled.batch.base import LaunchRequest
 from marbled.core.spec import JobSpec
 from marbled.daemon.config import BrokerConfig
-from marbled.daemon.workfiles import JobFiles
+from marbled.daemon.workfiles import LOG_STREAMS, JobFiles
 
 
 def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec, node: str,
@@ -27,5 +29,19 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
         env["MARBLE_PROFILE"] = config.profile_ref
         env["MARBLE_TIME_SCALE"] = repr(config.time_scale)
     argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
-    return LaunchRequest(tuple(argv), env, node, devices, jdir, files.stdout(job_id),
-                         files.stderr(job_id))
+    run_id = run_env.get("MARBLE_RUN_ID")  # none yet for a prestarted process
+    out, err = (files.log(job_id, int(run_id), s) if run_id else files.standby_log(job_id, s)
+                for s in LOG_STREAMS)
+    # it runs where it was submitted from (a job of an older broker: in its own directory)
+    return LaunchRequest(tuple(argv), env, node, devices, jdir, out,
+                         err, cwd=Path(spec.chdir) if spec.chdir else None)
+
+
+def start_failure(request: LaunchRequest, exc: OSError) -> str:
+    """Why a run's process could not be started: its program, or its directory (gone since
+    the job was submitted)."""
+    why = exc.strerror or str(exc)
+    if exc.filename is not None and str(exc.filename) == str(request.workdir):
+        return f"could not start {request.argv[0]!r} in {request.workdir}: {why} (the job's " \
+               "directory)"
+    return f"could not start {request.argv[0]!r}: {why}"

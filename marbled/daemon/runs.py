@@ -27,7 +27,7 @@ from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
-from marbled.daemon.requests import launch_request
+from marbled.daemon.requests import launch_request, start_failure
 from marbled.daemon.workfiles import JobFiles
 
 log = logging.getLogger("marbled")
@@ -44,6 +44,7 @@ class LiveRun:
     acked: dict | None = None
     escalated: bool = False  # SIGTERM/SIGKILL were needed
     cancel: bool = False
+    recovered: bool = False  # adopted after it ended: no broker saw it end
     timers: list[Timer] = field(default_factory=list)
 
     def clear_timers(self) -> None:
@@ -105,7 +106,10 @@ class Runs:
                    "MARBLE_GPU_SHARE": str(action.share), "MARBLE_ROLE": action.role.value,
                    "MARBLE_LAUNCH_TIME": repr(self.clock.time())}
         try:
+            standby = job_id in self.standby
             handle = await self.standby.take(job_id, {**run_env, "devices": devices})
+            if standby:
+                self.files.adopt_standby_logs(job_id, run_id)
             if handle is None:
                 request = replace(launch_request(self.config, self.files, job_id,
                                                  self.specs[job_id], action.node, devices,
@@ -118,7 +122,7 @@ class Runs:
                     self.ledger.run_ended(
                         job_id, run_id, at=self.clock.time(), exit_code=None, reason="failed",
                         outcome=JobState.FAILED,
-                        detail=f"could not start {request.argv[0]!r}: {exc.strerror or exc}")
+                        detail=start_failure(request, exc))
                     self._on_end(Ended(job_id, JobState.FAILED))
                     return
         finally:
@@ -161,6 +165,7 @@ class Runs:
                 or not self.files.waits_for_go(job.id, once_training):
             return
         go = self.files.go_file(job.id)
+        self.files.clear_standby_logs(job.id)
         self.standby.start(job.id, go, launch_request(
             self.config, self.files, job.id, self.specs[job.id], job.placement.node, (),
             {"MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())}))
@@ -305,13 +310,16 @@ class Runs:
         progress = self.files.progress(live.job_id, live.run_id)
         end = run_outcome(code=code, cancelled=live.cancel, suspending=suspending,
                           escalated=live.escalated, reason=live.reason, ack=live.acked,
-                          progress_step=progress.get("step"), target_steps=spec.steps)
+                          progress_step=progress.get("step"), target_steps=spec.steps,
+                          start_step=live.start_step, recovered=live.recovered)
         extra: dict = {"_progress": progress}
+        if live.recovered:
+            extra["recovered"] = True
         if progress.get("phases"):
             extra["phases"] = progress["phases"]
         why, retry_at = end.why, None
         if end.outcome is JobState.FAILED:
-            extra["stderr_tail"] = self.files.stderr_tail(live.job_id)
+            extra["stderr_tail"] = self.files.stderr_tail(live.job_id, live.run_id)
             cause = memory_cause(extra["stderr_tail"])
             if cause:
                 why, extra["cause"] = f"{why}: {cause}", cause

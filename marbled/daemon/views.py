@@ -13,7 +13,9 @@ from marbled.core.explain import reasons
 from marbled.core.learning import LearnedBook
 from marbled.core.model import JobState
 from marbled.core.profiles import ProfileBook, model_key
-from marbled.core.progress import UNKNOWN, run_progress
+from marbled.core.progress import UNKNOWN, Progress, run_progress
+from marbled.core.target import Target, explicit, of_job
+from marbled.daemon.workfiles import NO_OUTPUT
 from marbled.store.db import placement_parts
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ class Views:
         self._forecast: dict | None = None
         self._forecast_until = 0.0
         self._forecasting = asyncio.Lock()
+        self._targets: dict[str, Target] = {}  # model key -> its target
+        self._targets_version = 0  # of the learned book they were read from
 
     def status(self) -> dict:
         b = self.broker
@@ -48,11 +52,11 @@ class Views:
             "time_scale": b.config.time_scale,
         }
 
-    def jobs(self, states: tuple[str, ...] = (), after: int = 0,
-             limit: int | None = None) -> tuple[list[dict], int | None]:
+    def jobs(self, states: tuple[str, ...] = (), after: int = 0, limit: int | None = None,
+             name: str | None = None) -> tuple[list[dict], int | None]:
         """Jobs in FIFO (id) order with an id above `after`, in one of `states` (all if
-        none), at most `limit`; and the cursor of the next page (the `after` that continues
-        it), None when there is none.
+        none), named `name` (if given), at most `limit`; and the cursor of the next page (the
+        `after` that continues it), None when there is none.
 
         The state shown is the live one, which differs from the row's only while a run holds
         GPUs (a suspension under way, a stop): the rows are filtered in SQL by state, with
@@ -63,7 +67,7 @@ class Views:
         while limit is None or len(views) <= limit:
             want = None if limit is None else limit + 1 - len(views)
             rows = b.store.job_page(states=sorted(wanted | HOLDING) if wanted else (),
-                                    also=also, after=after, limit=want)
+                                    also=also, after=after, limit=want, name=name)
             views += [v for v in map(self.job, rows) if not wanted or v["state"] in wanted]
             if not rows or want is None or len(rows) < want:
                 break
@@ -83,26 +87,57 @@ class Views:
             "role": job.role.value if job and job.role else None,
             "node": ",".join(n for n, _ in parts) or None,
             "gpus": [g for _, gs in parts for g in gs],
-            "demand": row.demand, "nodes": row.nodes, "retries": row.retries,
+            "demand": row.demand, "want": None, "nodes": row.nodes, "retries": row.retries,
             "failures": row.failures, "not_before": row.not_before, "malleable": row.malleable,
             "gpus_request": "auto" if row.gpus_request is None else row.gpus_request,
             "step": row.step, "suspensions": row.suspensions, "after": row.after,
             "command": row.command, "emulate": row.emulate,
+            # where it runs; a job of an older broker runs in its own directory
+            "chdir": row.chdir or str(b.files.dir(row.id)),
             "submitted_at": row.submitted_at, "started_at": row.started_at,
             "finished_at": row.finished_at, "exit_code": row.exit_code, "reason": row.reason,
         }
+        if (aim := self._aim(row, job)) is not None:
+            view.update(demand=aim.count, want=aim.as_dict())
         live = b.runs.live.get(row.id)
-        speed = UNKNOWN
         if live:
             progress = b.files.progress(row.id, live.run_id)
             if "step" in progress:
                 view["step"] = progress["step"]
-            if job.placement is not None and job.state is JobState.RUNNING:
-                speed = run_progress(progress, row.steps, len(job.gpus), job.placement.share,
-                                     job.curve, b.clock.time())
+        speed = self._speed(row.id, row.steps)
         view.update(rate=speed.rate, rate_source=speed.source, finish_at=speed.finish_at,
                     eta_s=speed.eta(b.clock.time()))
         return view
+
+    def _speed(self, job_id: int, steps: int | None) -> Progress:
+        """A running job's speed and end, from its run's last progress report."""
+        b = self.broker
+        live, job = b.runs.live.get(job_id), b.state.jobs.get(job_id)
+        if not live or job is None or job.placement is None or job.state is not JobState.RUNNING:
+            return UNKNOWN
+        return run_progress(b.files.progress(job_id, live.run_id), steps, len(job.gpus),
+                            job.placement.share, job.curve, b.clock.time())
+
+    def _aim(self, row, job) -> Target | None:
+        """What an unfinished job aims for and why (None for one that has ended)."""
+        if job is None or job.state.finished:
+            return None
+        return of_job(self._target(row.model, row.gpus_request), job.demand,
+                      len(job.resume_on.gpus) if job.resume_on else 0)
+
+    def _target(self, model: str | None, gpus: int | None) -> Target:
+        """`core.target`'s count and reason for a job of `model` (`gpus`: its explicit count):
+        the answer `marble curves` gives, looked up once per model until the book learns."""
+        if gpus is not None:
+            return explicit(gpus)
+        b = self.broker
+        if getattr(b.book, "version", 0) != self._targets_version:
+            self._targets, self._targets_version = {}, b.book.version
+        key = model_key(model)
+        if key not in self._targets:
+            book = b.book if isinstance(b.book, LearnedBook) else LearnedBook(b.book)
+            self._targets[key] = book.target(model, b.state.max_node_size)
+        return self._targets[key]
 
     async def job_detail(self, job_id: int) -> dict:
         """One job with its runs, its events, and why it is where it is."""
@@ -122,8 +157,33 @@ class Views:
                       if f["id"] == job_id), None) if waiting else None
         view["reasons"] = reasons(job, b.state, b.policy, now,
                                   [(e["kind"], e["data"] or {}) for e in view["events"]],
-                                  start) if job else [f"it has ended ({view['state']})"]
+                                  start, self._aim(rows[0], job),
+                                  b.config.time_scale if rows[0].emulate else 1.0) if job else \
+            [f"it has ended ({view['state']})"]
         return view
+
+    async def log(self, job_id: int, run_id: int | None, stream: str, offset: int,
+                  limit: int, lines: int | None) -> dict:
+        """A page of one run's output (the job's latest run if `run_id` is None), with what
+        a client following it needs: the job's state, its runs, whether the run has ended.
+        The file is read in a thread: a log may sit on a slow shared file system."""
+        b = self.broker
+        rows = b.store.jobs([job_id])
+        if not rows:
+            raise NotFound(f"no job {job_id}", "id")
+        runs = b.store.runs(job_id)
+        run = runs[-1] if runs and run_id is None else \
+            next((r for r in runs if r.id == run_id), None)
+        if run is None and run_id is not None:
+            raise NotFound(f"job {job_id} has no run {run_id}; its runs are "
+                           f"{', '.join(str(r.id) for r in runs) or 'none yet'}", "run")
+        page = await asyncio.to_thread(b.files.read_log, job_id, run.id, stream, offset, limit,
+                                       lines) if run else \
+            NO_OUTPUT
+        job = b.state.jobs.get(job_id)
+        return {"job_id": job_id, "state": (job.state if job else JobState(rows[0].state)).value,
+                "runs": [r.id for r in runs], "run": run_view(run) if run else None,
+                "stream": stream, **page}
 
     async def forecast(self) -> dict:
         """When each unfinished job should start and end, and the queue with it
@@ -139,7 +199,21 @@ class Views:
                     await asyncio.to_thread(snapshot)
                 took = time.monotonic() - began
                 self._forecast_until = time.monotonic() + max(1.0, FORECAST_REUSE * took)
-            return self._forecast
+            return self._with_running_ends(self._forecast)
+
+    def _with_running_ends(self, made: dict) -> dict:
+        """The forecast as of now: a running job ends no sooner than its own ETA (which
+        follows its last reports, where the simulator plays its curve, and is fresher than
+        a forecast reused for seconds), and the queue no sooner than its last job."""
+        b = self.broker
+        if made["finish_at"] is None:
+            return {**made, "at": b.clock.time()}
+        own = {i: end for i in b.runs.live
+               if (end := self._speed(i, b.specs[i].steps).finish_at) is not None}
+        jobs = [{**f, "end_at": max(f["end_at"], own[f["id"]])} if f["id"] in own else f
+                for f in made["jobs"]]
+        return {**made, "at": b.clock.time(), "jobs": jobs,
+                "finish_at": max([made["finish_at"], *own.values()])}
 
     def _forecast_snapshot(self):
         """What a forecast needs, copied from the live state: a function to run elsewhere,
@@ -166,19 +240,28 @@ class Views:
             result = run()
             return {"at": now, "finish_at": result.finish_at, "reason": result.reason,
                     "jobs": [{"id": i, "start_at": s, "end_at": e}
-                             for i, (s, e) in sorted(result.ends.items())]}
+                             for i, (s, e) in sorted(result.ends.items())],
+                    "left_out": [{"id": i, "why": why}
+                                 for i, why in sorted(result.left_out.items())]}
 
         return answer
 
     def _steps_left(self, job) -> int:
         """What a job has left to train: by its running run's last report, else by its
-        checkpoint."""
+        checkpoint. A running job measured slower or faster than its curve counts the steps
+        its curve would train in the time it needs at its measured speed: the simulator
+        plays curves, and the jobs after it should wait as long as it will take."""
         total = self.broker.specs[job.id].steps or 0
         live = self.broker.runs.live.get(job.id)
-        if live:
-            report = self.broker.files.progress(job.id, live.run_id)
-            return max(total - int(report.get("step") or live.start_step or 0), 0)
-        return int(job.steps_left if job.steps_left is not None else total)
+        if not live:
+            return int(job.steps_left if job.steps_left is not None else total)
+        report = self.broker.files.progress(job.id, live.run_id)
+        left = max(total - int(report.get("step") or live.start_step or 0), 0)
+        speed = self._speed(job.id, total)
+        if speed.source == "measured" and job.curve and job.curve.possible(len(job.gpus)):
+            left = round(left * job.curve.throughput(len(job.gpus), job.placement.share)
+                         / speed.rate)
+        return left
 
     def curves(self, model: str | None = None) -> dict:
         """Each model's curve: the profile's, what runs measured, what the broker believes."""

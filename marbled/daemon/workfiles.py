@@ -8,6 +8,8 @@ the same job is not this run's answer.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from marbled.worker.protocol import (
     read_json,
 )
 
+LOG_STREAMS = ("stdout", "stderr")
+NO_OUTPUT = {"offset": 0, "next_offset": 0, "size": 0, "text": ""}
+
 
 class JobFiles:
     def __init__(self, state_dir: Path):
@@ -32,11 +37,28 @@ class JobFiles:
     def dir(self, job_id: int) -> Path:
         return self.root / str(job_id)
 
-    def stdout(self, job_id: int) -> Path:
-        return self.dir(job_id) / "stdout.log"
+    def log(self, job_id: int, run_id: int, stream: str) -> Path:
+        """A run's output (`stream`: stdout or stderr): a file per run, so that each run's
+        output can be read, followed and served alone (`marble logs`)."""
+        return self.dir(job_id) / f"run-{run_id}.{stream}.log"
 
-    def stderr(self, job_id: int) -> Path:
-        return self.dir(job_id) / "stderr.log"
+    def standby_log(self, job_id: int, stream: str) -> Path:
+        """The output of the job's prestarted process, which has no run yet: it becomes
+        its run's log when the process is handed the run (`adopt_standby_logs`)."""
+        return self.dir(job_id) / f"standby.{stream}.log"
+
+    def clear_standby_logs(self, job_id: int) -> None:
+        """Before a prestart: what a dropped standby printed is no run's output."""
+        for stream in LOG_STREAMS:
+            self.standby_log(job_id, stream).unlink(missing_ok=True)
+
+    def adopt_standby_logs(self, job_id: int, run_id: int) -> None:
+        """The prestarted process now runs `run_id`: its logs become the run's. A rename
+        keeps the process's open file (same directory), so nothing it writes is lost; if
+        the standby had died, what it printed heads the run's log."""
+        for stream in LOG_STREAMS:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.standby_log(job_id, stream), self.log(job_id, run_id, stream))
 
     def checkpoints(self, job_id: int) -> Path:
         return self.dir(job_id) / "checkpoint"
@@ -112,11 +134,69 @@ class JobFiles:
             return False
         return not once_training or "first_step" in progress.get("phases", {})
 
-    def stderr_tail(self, job_id: int) -> str:
-        path = self.stderr(job_id)
+    def stderr_tail(self, job_id: int, run_id: int) -> str:
+        """The last lines the run printed on stderr (why it failed, often)."""
+        path = self.log(job_id, run_id, "stderr")
         try:
             with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - TAIL_BYTES))
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
                 return tail(f.read())
         except OSError:
             return ""
+
+    def read_log(self, job_id: int, run_id: int, stream: str, offset: int, limit: int,
+                 lines: int | None = None) -> dict:
+        """At most `limit` bytes of a run's log from byte `offset`, or its last `lines`
+        lines (none before `offset`), as text: {offset, next_offset, size, text}. A page
+        cut by `limit` ends at a line's end (or a whole character), so `next_offset`
+        continues it; a log of any size costs one read of `limit` bytes."""
+        try:
+            f = open(self.log(job_id, run_id, stream), "rb")  # noqa: SIM115
+        except FileNotFoundError:  # the run has not started, or printed nothing yet
+            return dict(NO_OUTPUT)
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            start = min(offset, size)
+            if lines is not None:
+                start = max(start, size - limit)
+                f.seek(start)
+                data = f.read(size - start)
+                skip = tail_start(data, lines, whole=start == 0 or start == offset)
+                start, data = start + skip, data[skip:]
+            else:
+                f.seek(start)
+                data = f.read(min(limit, size - start))
+        text, used = page_text(data, cut=start + len(data) < size)
+        return {"offset": start, "next_offset": start + used, "size": size, "text": text}
+
+
+def tail_start(data: bytes, lines: int, whole: bool) -> int:
+    """Where the last `lines` lines of `data` begin (a last line's own newline does not
+    count). When `data` holds fewer, it is all of them if `whole` (the log's start), else
+    from its first line's start (a window cut from a longer log starts mid-line)."""
+    body = data[:-1] if data.endswith(b"\n") else data
+    cut = len(body)
+    for _ in range(lines):
+        cut = body.rfind(b"\n", 0, cut)
+        if cut < 0:
+            break
+    if cut >= 0:
+        return cut + 1
+    first = body.find(b"\n")
+    return 0 if whole or first < 0 else first + 1
+
+
+def page_text(data: bytes, cut: bool) -> tuple[str, int]:
+    """A page of a log as text, and the bytes it used. A page that stops before the log's
+    end (`cut`) ends at its last newline, or without the first bytes of a character split
+    by the cut: the next page starts with them."""
+    if cut:
+        end = data.rfind(b"\n") + 1
+        if end:
+            return data[:end].decode(errors="replace"), end
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(data, final=False)
+        used = len(data) - len(decoder.getstate()[0])
+        if used:  # else a page too small for one character: take it as it is
+            return text, used
+    return data.decode(errors="replace"), len(data)

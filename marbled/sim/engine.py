@@ -262,9 +262,9 @@ class Simulator:
             if self.learning and t > lv.progress_from and job.placement.share == 1:
                 model = arrivals[job_id - 1].spec.model
                 told.record(model, "throughput", lv.rate, len(job.gpus))
-                demand = told.demand(model, self.gpus_per_node)
+                aim = told.target(model, self.gpus_per_node)
                 for other in of_model[model]:
-                    state.resize(other, demand, self._costed(told.lookup(model)))
+                    state.resize(other, aim.count, self._costed(told.lookup(model)), aim.move)
 
         together = False
         while True:

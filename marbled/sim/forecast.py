@@ -5,13 +5,15 @@ broker's policy and curves, each with the steps it has left, so the forecast is 
 `marble simulate` would say of the same queue. Running jobs are simulated as if started
 again now (their GPUs may differ from the ones they hold), so it is a forecast, not a
 promise; it is re-made on every request. A job the simulator cannot play (no model or
-step count: a command with a fixed GPU count) leaves the forecast empty, with the reason.
+step count: a command with a fixed GPU count; a model with no curve yet; several nodes) is
+left out, with why, and so is every job that waits for one left out: the forecast is
+then of the others alone.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ProfileBook
@@ -58,26 +60,27 @@ class Forecast:
     finish_at: float | None  # when the last job should end (None: cannot say)
     reason: str | None  # why not
     ends: dict[int, tuple[float, float]]  # job id -> (expected start, expected end)
+    left_out: dict[int, str] = field(default_factory=dict)  # job id -> why it is not in it
 
 
 def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: list[int],
              now: float, scale: float = 1.0, budget_s: float = BUDGET_S) -> Forecast:
     """`scale`: broker seconds per profiled second (--time-scale for emulated jobs); a
     simulation that needs more than `budget_s` gives up and says so."""
-    if not jobs:
-        return Forecast(now, None, {})
+    left_out = unplayable(jobs, book)
+    jobs = [j for j in jobs if j.id not in left_out]
+    if not jobs:  # nothing left, or nothing it can play (then it cannot say when it ends)
+        return Forecast(None, "it can simulate none of the jobs left", {}, left_out) \
+            if left_out else Forecast(now, None, {})
     if len(jobs) > MAX_JOBS:
         return Forecast(None, f"{len(jobs)} jobs left; forecasts stop at {MAX_JOBS}", {})
     if len(set(node_sizes)) != 1:
         return Forecast(None, "the simulator models nodes of one size", {})
-    for job in jobs:
-        if not job.spec.model or not job.spec.steps:
-            return Forecast(None, f"job {job.id} has no model and step count to simulate", {})
     order = sorted(jobs, key=lambda j: (not j.running, j.id))
     position = {j.id: i for i, j in enumerate(order, start=1)}
     arrivals = [Arrival(0.0, JobSpec(
         emulate=True, model=j.spec.model, steps=max(j.steps_left, 1), gpus=j.spec.gpus,
-        after=tuple(position[a] for a in j.after if a in position)))
+        after=tuple(position[a] for a in j.after if a in position)), where=f"job {j.id}")
         for j in order]
     fresh = type(policy)(**{o.name: getattr(policy, o.name) for o in policy.options})
     budgeted = _Budgeted(fresh, time.monotonic() + budget_s)
@@ -85,9 +88,28 @@ def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: li
         result = Simulator(book, budgeted, node_sizes[0], len(node_sizes)).run(arrivals)
     except _OverBudget:
         return Forecast(None, f"{len(jobs)} jobs left under {policy.name}: the forecast "
-                              f"would take more than {budget_s:g} s", {})
+                              f"would take more than {budget_s:g} s", {}, left_out)
     except (WorkloadError, RuntimeError) as exc:
-        return Forecast(None, f"cannot simulate the queue: {exc}", {})
+        return Forecast(None, f"cannot simulate the queue: {exc}", {}, left_out)
     ends = {j.id: (now + result.jobs[position[j.id]].first_start * scale,
                    now + result.jobs[position[j.id]].completion * scale) for j in order}
-    return Forecast(max(end for _, end in ends.values()), None, ends)
+    return Forecast(max(end for _, end in ends.values()), None, ends, left_out)
+
+
+def unplayable(jobs: list[Left], book: ProfileBook) -> dict[int, str]:
+    """The jobs the simulator cannot play, and why: those it has no model, steps or curve
+    for, those on several nodes, and those that wait for one of them (their start depends
+    on an end no one can forecast)."""
+    out: dict[int, str] = {}
+    for job in sorted(jobs, key=lambda j: j.id):  # a job waits only for earlier ones
+        spec = job.spec
+        waits = next((a for a in job.after if a in out), None)
+        if not spec.model or not spec.steps:
+            out[job.id] = "it has no model and step count to simulate"
+        elif book.lookup(spec.model) is None:
+            out[job.id] = f"model '{spec.model}' has no curve yet"
+        elif spec.nodes > 1:
+            out[job.id] = "the simulator models single-node jobs"
+        elif waits is not None:
+            out[job.id] = f"it waits for job {waits}, which is left out"
+    return out

@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 5.
+-- marbled state database (marble.db in the broker's state directory), schema version 6.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -27,6 +27,7 @@ CREATE TABLE jobs (
 	finished_at FLOAT,
 	exit_code INTEGER,
 	reason VARCHAR,                 -- why it is in its state (last transition)
+	chdir VARCHAR,                  -- the directory it runs in; NULL (before version 6): jobs/<id>/
 	PRIMARY KEY (id)
 );
 CREATE INDEX ix_jobs_state ON jobs (state);
@@ -45,6 +46,7 @@ CREATE TABLE runs (
 	ended_at FLOAT,                 -- NULL while it runs
 	start_step INTEGER,             -- step restored from the checkpoint
 	end_step INTEGER,               -- step checkpointed or finished; NULL if stopped by force
+	                                -- until the next run reports the step it resumed from
 	exit_code INTEGER,              -- negative: killed by that signal
 	end_reason VARCHAR,             -- done | suspended | failed | cancelled | lost
 	pid INTEGER,

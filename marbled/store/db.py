@@ -32,7 +32,7 @@ from sqlalchemy.pool import StaticPool
 
 from marbled.core.spec import JobSpec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -45,6 +45,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: ("ALTER TABLE jobs ADD COLUMN max_share INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE runs ADD COLUMN share INTEGER NOT NULL DEFAULT 1"),
     5: (),  # the samples table (what runs measured of their models): made by create_all
+    # the directory a job runs in; NULL for the jobs of older brokers, which ran in their
+    # own directory under the state directory (and still do)
+    6: ("ALTER TABLE jobs ADD COLUMN chdir VARCHAR",),
 }
 
 
@@ -81,6 +84,7 @@ class JobRow(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(String)
+    chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
 
 
 class RunRow(Base):
@@ -154,7 +158,7 @@ class MetaRow(Base):
 JOB_RECORD_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
-    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason")
+    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir")
 JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
 
 
@@ -210,12 +214,16 @@ class Store:
             return list(s.scalars(q))
 
     def job_page(self, *, states: Collection[str] = (), also: Collection[int] = (),
-                 after: int = 0, limit: int | None = None) -> list:
+                 after: int = 0, limit: int | None = None, name: str | None = None) -> list:
         """`jobs` rows in id (FIFO) order as light records (attributes as JobRow's): those
         with an id above `after`, in one of `states` (all if none) or with an id in `also`,
-        at most `limit`. Plain SQL on the writer's connection (the loop thread's): 10,000
-        rows in tens of milliseconds, where ORM objects take ten times that."""
+        named `name` if given, at most `limit`. Plain SQL on the writer's connection (the
+        loop thread's): 10,000 rows in tens of milliseconds, where ORM objects take ten
+        times that."""
         where, args = ["id > ?"], [after]
+        if name is not None:
+            where.append("name = ?")
+            args.append(name)
         if states:
             either = [f"state IN ({', '.join('?' * len(states))})"]
             args += list(states)
@@ -270,7 +278,7 @@ def job_spec(row) -> JobSpec:
     """The submission a `jobs` row records (any object with the columns as attributes)."""
     return JobSpec(command=tuple(row.command or ()), emulate=bool(row.emulate), model=row.model,
                    steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
-                   name=row.name, nodes=row.nodes, retries=row.retries)
+                   name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir)
 
 
 def placement_columns(parts) -> tuple[str, str]:

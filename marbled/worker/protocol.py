@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,9 @@ RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "JSM_N
 SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
+# A report names the newest earlier report at least this old (`since`): the broker's
+# speed and ETA follow the last second of training, or the last report interval if longer
+RATE_WINDOW_S = 1.0
 _current: JobProtocol | None = None  # the protocol installed in this process
 
 
@@ -119,6 +123,8 @@ class JobProtocol:
     waits_for_go: bool = False  # the job calls ready(): the broker may prestart its next run
     rank: int = 0  # in a multi-node job, this process's rank; only rank 0 speaks for the job
     _last_report: float = field(default=0.0, repr=False)
+    # (step, time) of recent reports: the broker measures the speed since the oldest
+    _recent: deque = field(default_factory=deque, repr=False)
 
     @classmethod
     def from_env(cls) -> JobProtocol:
@@ -193,8 +199,13 @@ class JobProtocol:
         self._last_report = now
         if start_step is not None:
             self.start_step = start_step
+        self._recent.append((step, now))
+        while len(self._recent) > 1 and now - self._recent[1][1] >= RATE_WINDOW_S:
+            self._recent.popleft()
+        since_step, since_time = self._recent[0]
         payload = {"run_id": self.run_id, "step": step, "start_step": self.start_step,
-                   "time": now, "phases": self.phases, "prestart": self.waits_for_go}
+                   "time": now, "phases": self.phases, "prestart": self.waits_for_go,
+                   "since": {"step": since_step, "time": since_time}}
         atomic_write_json(self.run_dir / PROGRESS_FILE, payload, durable=False)
         self._check_request()
 

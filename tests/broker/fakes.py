@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import signal
@@ -135,6 +136,15 @@ class FakeLauncher:
 @dataclass
 class _AdoptedRequest:
     env: dict
+
+
+def in_loop(test):
+    """An async test, run in its own event loop."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
 
 
 async def pump(rounds: int = 20) -> None:

@@ -6,25 +6,16 @@ together; a failed group commit stops the broker."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 
 import pytest
 
 from marbled.core.spec import JobSpec
 from marbled.daemon import ledger as ledger_module
-from tests.broker.fakes import pump, running_broker
+from tests.broker.fakes import in_loop, pump, running_broker
 
 ONE = JobSpec.from_mapping({"gpus": 1, "command": ["true"]})
 HOLDER = JobSpec.from_mapping({"gpus": 6, "command": ["sleep", "9"]})
-
-
-def in_loop(test):
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        return asyncio.run(test(*args, **kwargs))
-
-    return run
 
 
 def _commits(con: sqlite3.Connection) -> list[str]:

@@ -6,23 +6,14 @@ tests/integration."""
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import pytest
 
 from marbled.core.model import JobState
 from marbled.store.db import Store
-from tests.broker.fakes import FakeLauncher, pump, running_broker
+from tests.broker.fakes import FakeLauncher, in_loop, pump, running_broker
 
 JOB = {"command": ["train"], "model": "resnet-50", "steps": 1000}  # 3 GPUs, malleable
-
-
-def in_loop(test):
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        return asyncio.run(test(*args, **kwargs))
-
-    return run
 
 
 @in_loop

@@ -6,6 +6,7 @@ the Slurm tier checks the same functions against the live cluster.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +82,12 @@ def test_srun_line_pins_node_gpus_and_cpus_and_runs_the_step_shim():
     assert argv[10] == "--mem-per-gpu=8G"
     assert argv[-5:] == ["-m", "marbled.batch.step", "/s/jobs/4/slurm-step.json",
                          "python", "train.py"]
+
+
+def test_srun_line_runs_the_step_in_the_jobs_directory():
+    argv = srun_argv("12", ("n2",), 1, 1, "marble-4.9", Path("/s/jobs/4/slurm-step.json"),
+                     ("python", "train.py"), chdir=Path("/home/u/project"))
+    assert "--chdir=/home/u/project" in argv[:argv.index(sys.executable)]
 
 
 def test_multi_node_srun_line_has_one_task_and_the_same_gpus_per_node():

@@ -11,10 +11,11 @@ ACK = {"run_id": 4, "step": 120}
 
 
 def end(code=0, cancelled=False, suspending=False, escalated=False, reason="promote", ack=None,
-        progress_step=None, target_steps=1000):
+        progress_step=None, target_steps=1000, start_step=None, recovered=False):
     return run_outcome(code=code, cancelled=cancelled, suspending=suspending,
                        escalated=escalated, reason=reason, ack=ack,
-                       progress_step=progress_step, target_steps=target_steps)
+                       progress_step=progress_step, target_steps=target_steps,
+                       start_step=start_step, recovered=recovered)
 
 
 @pytest.mark.parametrize("kw, outcome, why, step", [
@@ -37,6 +38,32 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
      "exit not observed; resumes from its checkpoint (last reported step 400)", None),
     ({"code": None, "ack": ACK, "reason": "broker restart"}, JobState.SUSPENDED,
      "broker restart", 120),
+    # ... asked to suspend, it finished first: done, not a suspension with no end step
+    ({"code": None, "suspending": True, "progress_step": 1000}, JobState.DONE, "done", 1000),
+    # ... it never reported, so never restored: it ends where it started
+    ({"code": None, "start_step": 300}, JobState.SUSPENDED,
+     "exit not observed; resumes from its checkpoint (no step reported: resumes from step "
+     "300)", 300),
+    # a forced stop of a run that never reported
+    ({"suspending": True, "code": -9, "escalated": True, "start_step": 0}, JobState.SUSPENDED,
+     "promote: stopped without a checkpoint (no step reported: resumes from step 0)", 0),
+    # ended while no broker watched: its files say how, and the why says it was recovered
+    ({"code": None, "progress_step": 1000, "recovered": True, "start_step": 700},
+     JobState.DONE, "recovered after a broker restart: done (its last report: step 1000)",
+     1000),
+    ({"code": None, "suspending": True, "progress_step": 1000, "recovered": True},
+     JobState.DONE, "recovered after a broker restart: done (its last report: step 1000)",
+     1000),
+    ({"code": None, "ack": ACK, "recovered": True}, JobState.SUSPENDED,
+     "recovered after a broker restart: suspended at its checkpoint of step 120", 120),
+    ({"code": None, "ack": {"run_id": 4, "step": 1000}, "recovered": True}, JobState.DONE,
+     "recovered after a broker restart: done (its last report: step 1000)", 1000),
+    ({"code": None, "start_step": 300, "recovered": True}, JobState.SUSPENDED,
+     "recovered after a broker restart: ended before its first report; resumes from step "
+     "300", 300),
+    ({"code": None, "progress_step": 400, "start_step": 300, "recovered": True},
+     JobState.SUSPENDED, "recovered after a broker restart: ended without acknowledging a "
+     "checkpoint (last reported step 400); resumes from its last checkpoint", None),
 ])
 def test_run_outcome(kw, outcome, why, step):
     e = end(**kw)

@@ -63,7 +63,7 @@ def test_null_marks_a_count_the_model_cannot_run_on(tmp_path):
     big = book.lookup("big")
     assert (big.possible(1), big.possible(2), big.optimal_gpus()) == (False, True, 4)
     assert big.largest(1) is None and big.smallest() == 2
-    with pytest.raises(SpecError, match="cannot run on 1 GPUs .* it runs on \\[2, 3, 4\\]"):
+    with pytest.raises(SpecError, match="cannot run on 1 GPU .* it runs on \\[2, 3, 4\\]"):
         size_job(JobSpec(command=("x",), model="big", gpus=1), book, 4)
     # no policy puts it on one GPU, even where one GPU is all that is free
     jobs = [JobSpec(emulate=True, model="never", steps=500)] * 3 + \

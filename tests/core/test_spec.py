@@ -135,8 +135,25 @@ def test_bad_after_is_rejected(after):
     assert spec_error({"command": ["x"], "after": after}).field == "after"
 
 
+@pytest.mark.parametrize("chdir", ["", 7, ["/a"], "/a\0b", "/" + "x" * 4096])
+def test_bad_chdir_is_rejected(chdir):
+    err = spec_error({"command": ["x"], "chdir": chdir})
+    assert err.field == "chdir" and "directory path" in err.message
+
+
+@pytest.mark.parametrize("chdir, base, expected", [
+    (None, "/home/u/project", "/home/u/project"),  # none named: where it was submitted
+    ("data/run1", "/home/u/project", "/home/u/project/data/run1"),  # relative: from there
+    ("../other", "/home/u/project", "/home/u/other"),
+    ("/scratch/u", "/home/u/project", "/scratch/u"),  # absolute: as given
+])
+def test_run_from_makes_the_directory_absolute(chdir, base, expected):
+    assert spec(command=["x"], chdir=chdir).run_from(base).chdir == expected
+
+
 def test_to_mapping_round_trips():
-    s = spec(command=["a", "b"], model="vgg-16", steps=9, gpus=2, after=[1, "x"], name="n")
+    s = spec(command=["a", "b"], model="vgg-16", steps=9, gpus=2, after=[1, "x"], name="n",
+             chdir="/tmp")
     assert JobSpec.from_mapping(s.to_mapping()) == s
     s2 = emulated()
     assert JobSpec.from_mapping(s2.to_mapping()) == s2

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from marbled.resources import sql_path
-from marbled.store.db import SCHEMA_VERSION, SchemaError, Store, migrate
+from marbled.store.db import SCHEMA_VERSION, SchemaError, Store, job_spec, migrate
 from tests.scenarios import as_schema_version_1
 
 
@@ -36,30 +36,55 @@ def test_staff_reports_run_on_a_store(tmp_path):
             con.execute(query).fetchall()
 
 
+def _migrated(path, *statements: str) -> int | None:
+    """Run `statements` on the database at `path` (what an older marbled left), then bring it
+    to this version; the version it had."""
+    con = sqlite3.connect(path)
+    for statement in statements:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    return migrate(path)
+
+
 def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     path = tmp_path / "marble.db"
     Store(path).close()
     as_schema_version_1(path)
-    con = sqlite3.connect(path)
-    con.execute("INSERT INTO jobs (id, demand, malleable, command, emulate, after, state, step,"
-                " suspensions, submitted_at) VALUES (1, 3, 1, '[]', 1, '[]', 'suspended', 42,"
-                " 1, 0)")
-    con.execute("INSERT INTO runs (id, job_id, node, gpu_ids, gpu_count, role, started_at)"
-                " VALUES (1, 1, 'n1', '0,1,2', 3, 'primary', 0)")
-    con.commit()
-    con.close()
-
-    assert migrate(path) == 1
+    assert _migrated(path,
+                     "INSERT INTO jobs (id, demand, malleable, command, emulate, after, state,"
+                     " step, suspensions, submitted_at) VALUES (1, 3, 1, '[]', 1, '[]',"
+                     " 'suspended', 42, 1, 0)",
+                     "INSERT INTO runs (id, job_id, node, gpu_ids, gpu_count, role, started_at)"
+                     " VALUES (1, 1, 'n1', '0,1,2', 3, 'primary', 0)") == 1
     store = Store(path)
     (run,) = store.runs()
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
     assert (run.share, store.jobs()[0].max_share) == (1, 1)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "5"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "6"
     assert store.gpu_samples() == []  # the table of version 3 exists
     assert store.samples() == []  # ... and that of version 5
     store.close()
-    assert migrate(path) == 5  # nothing left to do
+    assert migrate(path) == 6  # nothing left to do
+
+
+def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
+    """Version 6 records where each job runs; a job of an older broker has none (NULL) and
+    keeps running in its own directory under the state directory."""
+    path = tmp_path / "marble.db"
+    Store(path).close()
+    assert _migrated(path, "ALTER TABLE jobs DROP COLUMN chdir",
+                     "UPDATE meta SET value = '5' WHERE key = 'schema_version'",
+                     "INSERT INTO jobs (id, demand, malleable, command, emulate, after, state,"
+                     " step, suspensions, submitted_at) VALUES (1, 1, 1, '[\"python\","
+                     " \"train.py\"]', 0, '[]', 'suspended', 7, 1, 0)") == 5
+    store = Store(path)
+    (job,) = store.jobs()
+    assert (job.chdir, job.step, job_spec(job).chdir) == (None, 7, None)
+    (record,) = store.job_page()
+    assert (record.chdir, record.reason) == (None, None)
+    store.close()
 
 
 def test_a_newer_state_directory_is_refused_untouched(tmp_path):

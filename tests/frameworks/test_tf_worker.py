@@ -64,7 +64,7 @@ def test_tf_job_suspended_on_1_logical_device_resumes_on_2(daemon_factory, tmp_p
                                                                              "done")
     k = first["end_step"]
     assert 100 <= k == resumed["start_step"] < 400 and resumed["end_step"] == 400
-    stderr = (daemon.state_dir / "jobs" / "2" / "stderr.log").read_text()
+    stderr = (daemon.state_dir / "jobs" / "2" / f"run-{resumed['id']}.stderr.log").read_text()
     assert f"restored step {k}, optimizer iterations {k}" in stderr  # Adam state is back
     assert "on 2 replica(s)" in stderr
 

@@ -9,8 +9,9 @@ generated command would not be found anyway; POST /v1/shutdown is left out, and 
 every cancel or suspend (any request naming the holder's id) to another id. At the end the
 holder's run must be the only run the broker ever started.
 
-One thing no document can list is which jobs exist: a generated valid job's `after` (job ids
-or names) is pointed at the holder, as a client names jobs it knows. Everything else the
+Two things no document can list are which jobs exist and which directories: a generated
+valid job's `after` (job ids or names) is pointed at the holder, as a client names jobs it
+knows, and its `chdir` at an existing directory. Everything else the
 broker refuses must be refused by the document too (it serves its own limits: GPUs, nodes,
 models; see docs/design.md "API").
 
@@ -81,6 +82,12 @@ HOOKS = textwrap.dedent('''
             job["after"] = refs if isinstance(after, list) else refs[0]
 
 
+    def _existing_directory(job):
+        """A valid job's `chdir` is a directory the client has: here the root."""
+        if isinstance(job, dict) and job.get("chdir") is not None:
+            job["chdir"] = "/"
+
+
     @schemathesis.hook
     def before_call(context, case, kwargs):
         for name, value in list((case.path_parameters or {}).items()):
@@ -93,6 +100,7 @@ HOOKS = textwrap.dedent('''
             jobs = case.body.get("jobs")
             for job in jobs if isinstance(jobs, list) else [case.body]:
                 _earlier_jobs_only(job)
+                _existing_directory(job)
 
 
     @schemathesis.hook

@@ -29,6 +29,8 @@ FIELDS = st.fixed_dictionaries({}, optional={
     "gpus": st.one_of(st.sampled_from(["auto", 0, 1, 6, 7]), JSON),
     "after": st.one_of(st.lists(st.integers(-1, 5), max_size=3), st.text(max_size=5), JSON),
     "name": st.one_of(st.text(max_size=200), JSON),
+    "chdir": st.one_of(st.sampled_from(["/", "/no/such/dir", "relative", "", "/\0"]),
+                       st.text(max_size=20), JSON),
 })
 
 

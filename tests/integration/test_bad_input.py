@@ -60,8 +60,17 @@ def busy_daemon(daemon):
          "unknown field"),
         ({"model": "resnet-50", "steps": 5}, 400, "command", "either a command"),
         ({"model": "resnet-50", "steps": "ten", "command": ["true"]}, 400, "steps", "whole"),
-        ({"model": "resnet-50", "command": ["true"], "after": [99]}, 400, "after",
-         "not an earlier job"),
+        # a job that does not exist is not there (404), the request's form is fine
+        ({"model": "resnet-50", "command": ["true"], "after": [99]}, 404, "after",
+         "there is no job 99"),
+        ({"model": "resnet-50", "command": ["true"], "after": "ghost"}, 404, "after",
+         "no job is named 'ghost'"),
+        ({"model": "resnet-50", "command": ["true"], "after": [2]}, 400, "after",
+         "job 2 is this job"),
+        ({"model": "m" * 100_000, "steps": 10, "command": ["true"]}, 400, "model",
+         "must be 1 to 128 letters, digits and . _ + : / -"),
+        ({"model": "resnet 50", "steps": 10, "command": ["true"]}, 400, "model",
+         "not 'resnet 50'"),
         ({"emulate": True, "model": "no-such-net", "steps": 5}, 400, "model", "known:"),
         ([1, 2], 400, "job", "must be an object"),
         ({"jobs": []}, 400, "jobs", "non-empty list"),
@@ -80,7 +89,12 @@ def test_bad_job_is_refused_with_a_message_naming_the_field(busy_daemon, doc, st
 
 def test_batch_with_one_bad_job_stores_none_of_it(busy_daemon):
     code, body = post_job(busy_daemon, {"jobs": [GOOD, {**GOOD, "steps": 0}, GOOD]})
+    # people count from 1, as a job file's reader does; `field` is the JSON path
     assert code == 400 and body["field"] == "jobs[1].steps"
+    assert body["error"].startswith("job 2: steps: must be")
+    code, body = post_job(busy_daemon, {"jobs": [GOOD, GOOD, {**GOOD, "after": [77]}]})
+    assert code == 404 and body["field"] == "jobs[2].after"
+    assert body["error"].startswith("job 3: after: there is no job 77")
     assert len(busy_daemon.jobs()) == 1
 
 
@@ -128,6 +142,17 @@ def test_cli_reports_bad_input_and_what_to_change(busy_daemon, tmp_path):
                    "  - {model: resnet-50, stepz: 5, emulate: true}\n")
     out = _marble(busy_daemon, "submit", "--file", str(bad))
     assert out.returncode == 1 and f"{bad}:3: job 2: stepz" in out.stderr
+    # what the broker refuses names the job as the file's reader does, with its line
+    bad.write_text("jobs:\n  - {model: resnet-50, steps: 5, emulate: true}\n\n"
+                   "  - {model: resnet-50, steps: 5, emulate: true, after: nobody}\n")
+    out = _marble(busy_daemon, "submit", "--file", str(bad))
+    assert out.returncode == 1, out.stderr
+    assert f"refused (404): {bad}:4: job 2: after: no job is named 'nobody'" in out.stderr
+    # no command: say how to give one, not an option that does not exist
+    out = _marble(busy_daemon, "submit", "--model", "lenet", "--steps", "10")
+    assert out.returncode == 2 and "--command" not in out.stderr
+    assert "give the command to run after --, e.g. 'marble submit --model lenet --steps 10 " \
+        "-- python train.py', or --emulate" in out.stderr
     out = _marble(busy_daemon, "show", "77")
     assert out.returncode == 1 and "no job 77" in out.stderr
 

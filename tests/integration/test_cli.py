@@ -65,6 +65,39 @@ def test_batch_script_session(tmp_path):
     assert not (state / "marbled.sock").exists()
 
 
+def test_schedule_is_in_real_seconds_and_profiled_ones_only_for_emulated_jobs(daemon):
+    # the daemon fixture runs emulated jobs at --time-scale 0.01
+    daemon.submit({"model": "resnet-50", "steps": 300, "emulate": True})
+    daemon.wait_all(timeout=60)
+    (emulated,) = daemon.runs()
+    took = emulated["ended_at"] - emulated["started_at"]
+    profiled = json.loads(run(daemon.state_dir, "schedule", "--profiled", "--json").stdout)
+    assert profiled["clock"] == "profiled"
+    assert profiled["runs"][0]["end"] == pytest.approx(took / 0.01)
+    out = run(daemon.state_dir, "schedule", "--profiled").stdout
+    assert "times in profiled seconds since the first run started (real / time scale 0.01)" \
+        in out and " profiled s\n" in out
+
+    daemon.submit({"gpus": 1, "command": ["sleep", "1"], "name": "sleeper"})
+    daemon.wait_all(timeout=60)
+    sleeper = daemon.runs()[-1]
+    shown = json.loads(run(daemon.state_dir, "schedule", "--json").stdout)
+    assert shown["clock"] == "real"
+    rows = {r["job"]: r for r in shown["runs"]}
+    assert rows[1]["end"] - rows[1]["start"] == pytest.approx(took)
+    # the real job's bar is its real duration (it was 100 times that: the 961 to
+    # 5,564 s for a job of 460 s)
+    assert rows[2]["end"] - rows[2]["start"] == pytest.approx(
+        sleeper["ended_at"] - sleeper["started_at"])
+    assert rows[2]["start"] == pytest.approx(sleeper["started_at"] - emulated["started_at"])
+    out = run(daemon.state_dir, "schedule").stdout
+    assert out.startswith("times in real seconds since the first run started\n")
+    refused = run(daemon.state_dir, "schedule", "--profiled", check=False)
+    assert refused.returncode == 2
+    assert "--profiled is for emulated jobs only: job(s) 2 ran a real command, timed in " \
+        "real seconds; leave out --profiled" in refused.stderr
+
+
 def test_second_daemon_on_same_state_dir_is_refused(daemon):
     out = run(daemon.state_dir, "--gpus", "2", module="daemon_cmd", check=False)
     assert out.returncode == 1 and "another marbled" in out.stderr

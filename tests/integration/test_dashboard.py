@@ -169,6 +169,8 @@ def test_the_dashboard_shows_the_jobs_the_timeline_and_updates_live(listening, b
     # the job clicked shows its runs and events
     browser.find_element(By.CSS_SELECTOR, "#jobs tr[data-job-id='2']").click()
     wait("job 2's detail", lambda: "#2 inception-v3" in browser.find_element(By.ID, "detail").text)
+    # ... and where it runs (an API client named none: the broker's working directory)
+    assert f"directory\n{os.getcwd()}\n" in browser.find_element(By.ID, "detail").text
 
     # job 1 ends: the page follows without a reload
     wait("job 1 done", lambda: page_states()["1"] == "done")
@@ -201,3 +203,55 @@ def test_the_dashboard_shows_the_jobs_the_timeline_and_updates_live(listening, b
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
     print(f"dashboard test: {time.monotonic() - started:.1f} s with the browser")
+
+
+def test_the_log_tab_shows_a_jobs_output_and_follows_it(listening, browser, tmp_path):
+    """The job panel's log tab: the latest run's output (the tail, as `marble logs -n`),
+    followed while the tab is open; stdout or stderr."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d, url, token = listening
+    printer = "for i in $(seq 1 60); do echo line $i; sleep 0.2; done; echo oops >&2"
+    (job,) = d.submit({"gpus": 1, "name": "printer", "command": ["sh", "-c", printer]})
+
+    def wait(what: str, check, timeout: float = 30):
+        return WebDriverWait(browser, timeout, poll_frequency=0.1).until(
+            lambda _: check(), message=f"the page never showed {what}")
+
+    # The panel is drawn anew at every poll: read and click in one script, not through
+    # an element found before (it would be stale)
+    def text(selector: str) -> str:
+        return browser.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''",
+            selector)
+
+    def click(selector: str) -> None:
+        browser.execute_script("document.querySelector(arguments[0]).click()", selector)
+
+    def log_text() -> str:
+        return text("#detail pre.log")
+
+    browser.get(f"{url}/dashboard#token={token}")
+    browser.execute_script("window.sameDocument = true")
+    wait("the job", lambda: browser.find_elements(By.CSS_SELECTOR,
+                                                  f"#jobs tr[data-job-id='{job['id']}']"))
+    browser.find_element(By.CSS_SELECTOR, f"#jobs tr[data-job-id='{job['id']}']").click()
+    wait("the job's detail", lambda: "printer" in browser.find_element(By.ID, "detail").text)
+    click("#detail [data-tab='log']")
+    wait("its output", lambda: log_text().startswith("line 1\n"))
+    partial = log_text()
+    assert "line 60" not in partial  # it was still printing: what follows comes by polling
+    wait("the output as it grows", lambda: "line 60" in log_text())
+    assert log_text().splitlines() == [f"line {i}" for i in range(1, 61)]
+    (run,) = d.runs()
+    assert text("#detail .log-run").startswith(f"run {run['id']} (job {job['id']}): primary, "
+                                               "1 GPU on ")
+    screenshot(browser, tmp_path, "dashboard-log.png")
+    click("#detail [data-stream='stderr']")
+    wait("its stderr", lambda: log_text() == "oops\n")
+    click("#detail [data-tab='details']")
+    wait("the details again", lambda: "Events" in text("#detail") and not log_text())
+    assert browser.execute_script("return window.sameDocument === true")
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

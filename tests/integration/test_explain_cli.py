@@ -50,7 +50,8 @@ def test_every_kind_of_reason(daemon_factory):
                     timeout=30, what="jobs 5 and 6 running")
     secondary = explain(daemon, 6)
     assert secondary[0].startswith("it runs as secondary on 3 GPUs")
-    assert any(line.startswith("on its 3 GPU(s) it trains at") for line in secondary)
+    assert any(line.startswith("on its 3 GPUs it trains at") for line in secondary)
+    assert "it aims for 4 GPUs: its profile's optimum" in secondary
     assert any("it is promoted (suspended and resumed on more GPUs) when they free up" in line
                for line in secondary)
     waiting = explain(daemon, 7)

@@ -2,7 +2,10 @@
 
 Real brokers, processes, signals and SQLite; only the GPUs are emulated. The
 checks (benchmarks/fault_injection.py, which also runs the long version) read
-the jobs' own step logs and the broker's database.
+the jobs' own step logs and the broker's database: every step trained once, no
+job or GPU doubled, and run records that chain (each run has its end step and
+starts where the one before ended; no run launched with nothing to train).
+The restarts' recovery cases one by one: tests/broker/test_recovery.py.
 """
 
 from __future__ import annotations

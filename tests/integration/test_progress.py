@@ -3,6 +3,8 @@ at exactly their profile's speed times --time-scale, so the truth is known)."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 import pytest
@@ -60,9 +62,79 @@ def test_the_forecast_of_job_set_3_is_within_20_percent_of_the_real_end(daemon_f
     assert daemon.client.get("/v1/forecast")["jobs"] == []  # nothing left
 
 
-def test_no_forecast_for_a_job_the_simulator_cannot_play(daemon_factory):
+def test_a_job_the_simulator_cannot_play_is_left_out_of_the_forecast(daemon_factory):
     daemon = daemon_factory("--no-learn")
     daemon.submit({"gpus": 6, "command": ["sleep", "30"]})  # no model, no steps
     forecast = daemon.client.get("/v1/forecast")
     assert forecast["finish_at"] is None and forecast["jobs"] == []
-    assert "job 1 has no model and step count" in forecast["reason"]
+    assert forecast["reason"] == "it can simulate none of the jobs left"
+    assert forecast["left_out"] == [
+        {"id": 1, "why": "it has no model and step count to simulate"}]
+
+
+# A job speaking the worker protocol that trains 100 steps/s for 4 s, then 50 steps/s: its
+# speed halves mid-run. It reports once a second (the default MARBLE_REPORT_INTERVAL) and
+# writes when the halving came.
+HALVING_JOB = """
+import json, sys, time
+from marbled.worker.protocol import JobProtocol
+
+proto = JobProtocol.from_env().install()
+proto.restored(0)
+t0, at = time.time(), 0.0
+for step in range(1, 701):
+    at += 0.01 if step <= 400 else 0.02
+    time.sleep(max(t0 + at - time.time(), 0))
+    if step == 400:
+        open(sys.argv[1], "w").write(json.dumps({"halved_at": time.time()}))
+    proto.step_finished(step, lambda s: None)
+proto.report(700, force=True)
+"""
+
+
+def test_the_eta_follows_a_job_whose_speed_halves_and_the_queue_never_ends_before_it(
+        daemon_factory, tmp_path):
+    daemon = daemon_factory("--no-learn")
+    script, marker = tmp_path / "halving.py", tmp_path / "halved.json"
+    script.write_text(HALVING_JOB)
+    # resnet-50 on a fixed 3 GPUs: its curve says 6.5 steps/s; it runs at 100, then 50
+    daemon.submit({"model": "resnet-50", "steps": 700, "gpus": 3,
+                   "command": [sys.executable, str(script), str(marker)]})
+    seen = []  # (asked at, the job's view, the forecast)
+    while not seen or seen[-1][1]["state"] not in ("done", "failed"):
+        job = daemon.client.get("/v1/jobs/1")
+        seen.append((time.time(), job, daemon.client.get("/v1/forecast")))
+        time.sleep(0.1)
+    assert seen[-1][1]["state"] == "done", daemon.log()
+    halved_at = json.loads(marker.read_text())["halved_at"]
+    ended_at = daemon.runs()[0]["ended_at"]
+    measured = [(t, j, f) for t, j, f in seen if j["rate_source"] == "measured"]
+    before = [j for t, j, _ in measured if t < halved_at]
+    # the report one interval after the first report after the change measures only the
+    # new speed: from then on, speed and ETA are the new ones
+    after = [j for t, j, _ in measured if halved_at + 2.3 < t < ended_at - 0.5]
+    assert before and after, seen
+    assert before[-1]["rate"] == pytest.approx(100, rel=0.15)
+    for job in after:
+        assert job["rate"] == pytest.approx(50, rel=0.15)
+        assert job["finish_at"] == pytest.approx(ended_at, abs=0.15 * (ended_at - halved_at))
+    # the queue's end is never before the running job's own ETA (the simulator plays its
+    # curve, 6.5 steps/s, and a forecast is reused for a second or more)
+    for _, job, forecast in measured:
+        if job["state"] == "running":
+            assert forecast["finish_at"] >= job["finish_at"] - 0.05, (job, forecast)
+
+
+def test_explain_gives_speeds_in_real_seconds_beside_the_profiled_figure_of_curves(
+        daemon_factory):
+    daemon = daemon_factory("--no-learn")
+    daemon.submit({"model": "inception-v3", "steps": 400_000, "emulate": True})
+    daemon.wait_for(lambda: daemon.jobs()[0]["state"] == "running", what="a running job")
+    line = next(r for r in daemon.client.get("/v1/jobs/1")["reasons"]
+                if r.startswith("its curve on"))
+    (curve,) = daemon.client.get("/v1/curves?model=inception-v3")["models"]
+    profiled = next(c["estimate"] for c in curve["counts"] if c["gpus"] == 4)
+    # the issue saw "152 steps/s on the broker's clock" against 15.2 in `marble curves`
+    assert line == (f"its curve on 4 GPUs of a node: {profiled / SCALE:.3g} steps/s "
+                    f"({profiled:.3g} profiled: emulated at time scale {SCALE:g})")
+    assert daemon.jobs()[0]["rate"] == pytest.approx(profiled / SCALE, rel=0.15)

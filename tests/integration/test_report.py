@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from marbled.cli.report import between, gpu_seconds, in_use, load_queries, timeline_bars
 from marbled.paths import DB_NAME
+from marbled.report.figures import between, gpu_seconds, in_use, timeline_bars
+from marbled.report.queries import load_queries
 from marbled.resources import load_profile
+from marbled.store.db import SCHEMA_VERSION
 from tests.conftest import start_daemon
 from tests.scenarios import as_schema_version_1, jobset, training
 
@@ -223,7 +225,7 @@ def test_allocations_and_summary(db, reports):
     doc = json.loads(marble("--db", str(db), "--json").stdout)
     s = doc["summary"]
     assert (s["schema_version"], s["policy"], s["profile"], s["gpus"], s["nodes"]) == (
-        "5", "marble", "summit-v100", 6, 1)
+        str(SCHEMA_VERSION), "marble", "summit-v100", 6, 1)
     assert (s["jobs"], s["done"], s["unfinished"], s["runs"], s["suspensions"], s["drains"]) \
         == (3, 3, 0, len(runs), len(runs) - 3, 1)
     assert doc["gpu_hours"] == total
@@ -301,7 +303,8 @@ def test_errors_say_what_is_wrong(db, reports, tmp_path):
     con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     con.commit()
     con.close()
-    assert "schema version 99, newer than this marbled's (5)" in error("--db", str(newer))
+    assert f"schema version 99, newer than this marbled's ({SCHEMA_VERSION})" in \
+        error("--db", str(newer))
 
     older = tmp_path / "older.db"  # what marbled wrote with schema version 1
     shutil.copy(db, older)
@@ -311,7 +314,7 @@ def test_errors_say_what_is_wrong(db, reports, tmp_path):
     con.commit()
     con.close()
     message = error("gpu_hours", "--db", str(older))
-    assert "schema version 1, older than the version 5" in message
+    assert f"schema version 1, older than the version {SCHEMA_VERSION}" in message
     # ... and what it says to do works
     subprocess.run([sys.executable, "-c", "from marbled.store.db import migrate; "
                     f"migrate({str(older)!r})"], check=True)

@@ -389,12 +389,15 @@ def test_jsrun_standin_two_hosts_every_run_where_the_broker_put_it(daemon_factor
     assert {r["node"] for r in runs} == {"a01n01", "a01n02"}
     starts: dict[str, list[dict]] = {}
     for e in _standin_log(tmp_path):
-        if e["event"] == "start":
-            starts.setdefault(Path(e["cwd"]).name, []).append(e)
+        if e["event"] == "start":  # the job's by its ERF, in its directory of the state dir
+            erf = Path(e["argv"][e["argv"].index("--erf_input") + 1])
+            starts.setdefault(erf.parent.name, []).append(e)
     assert sum(map(len, starts.values())) == len(runs)
+    chdir = {j["id"]: j["chdir"] for j in jobs}
     for job_id, job_runs in runs_by_job(d).items():
         for run, start in zip(job_runs, starts[str(job_id)], strict=True):
             assert start["mode"] == "erf"
+            assert start["cwd"] == chdir[job_id]  # jsrun, and so its tasks, in the job's
             (placed,) = start["sets"]
             assert placed["host"] == run["node"]
             assert placed["gpus"] == [int(g) for g in run["gpu_ids"].split(",")]

@@ -5,56 +5,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import sys
-from pathlib import Path
+import zipfile
+from email.parser import Parser
 
 import pytest
 
+from marbled.examples import EXAMPLES
 from tests import REPO
+from tests.packaging import clean_env, run, venv
 
 pytestmark = pytest.mark.packaging
 
 
-def clean_env(tmp: Path) -> dict[str, str]:
-    """What a user's shell would have: no PYTHONPATH, no state directory of ours."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MARBLE_", "VIRTUAL_ENV", "PYTHON"))}
-    env["HOME"] = str(tmp)  # the default state directory lands there, not in ~
-    return env
-
-
-def run(argv: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    built = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                 "--no-build-isolation", REPO, "-w", out], out, dict(os.environ))
-    assert built.returncode == 0, built.stderr
-    (whl,) = out.glob("marbled-*.whl")
-    return whl
-
-
-def venv(path: Path, env: dict) -> Path:
-    made = run([sys.executable, "-m", "venv", path], path.parent, env)
-    assert made.returncode == 0, made.stderr
-    return path / "bin"
-
-
-def test_the_broker_installs_from_the_wheel_and_works_anywhere(wheel, tmp_path):
+def test_the_broker_installs_from_the_wheel_and_works_anywhere(broker_venv, tmp_path):
     env = clean_env(tmp_path)
-    bin_ = venv(tmp_path / "broker-venv", env)
-    installed = run([bin_ / "pip", "install", "--quiet", f"{wheel}[broker]"], tmp_path, env)
-    assert installed.returncode == 0, installed.stderr
+    bin_ = broker_venv
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = run([bin_ / "python", "-c", "import marbled; print(marbled.__file__)"],
                 elsewhere, env)
-    assert str(tmp_path / "broker-venv") in where.stdout and str(REPO) not in where.stdout
+    assert str(bin_.parent) in where.stdout and str(REPO) not in where.stdout
     sim = run([bin_ / "marble", "simulate", "--workload", "paper-jobset1", "--json"],
               elsewhere, env)
     assert sim.returncode == 0, sim.stderr
@@ -92,3 +64,62 @@ def test_the_worker_alone_installs_without_the_brokers_dependencies(wheel, tmp_p
     hint = run([bin_ / "marbled", "--help"], tmp_path, env)
     assert hint.returncode == 1 and "pip install 'marbled[broker]'" in hint.stderr
     assert "Traceback" not in hint.stderr
+    # a training image has the example scripts without the broker's commands
+    script = run([bin_ / "python", "-m", "marbled.examples", "torch"], tmp_path, env)
+    assert script.returncode == 0, script.stderr
+    assert script.stdout == (REPO / "jobscripts" / EXAMPLES["torch"].file).read_text()
+    listed = run([bin_ / "python", "-m", "marbled.examples"], tmp_path, env)
+    assert listed.returncode == 0 and "python -m marbled.examples torch >" in listed.stdout
+
+
+def test_the_example_scripts_ship_in_the_wheel(broker_venv, tmp_path):
+    """`marble example` from a directory outside the checkout: the list, each script as
+    the checkout has it (the Python ones compile, the batch ones parse), and --out."""
+    env = clean_env(tmp_path)
+    listed = run([broker_venv / "marble", "example"], tmp_path, env)
+    assert listed.returncode == 0, listed.stderr
+    for name, ex in EXAMPLES.items():
+        assert f"{name} " in listed.stdout and ex.file in listed.stdout
+        shown = run([broker_venv / "marble", "example", name], tmp_path, env)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == (REPO / "jobscripts" / ex.file).read_text()
+        if ex.file.endswith(".py"):
+            compile(shown.stdout, ex.file, "exec")
+        else:
+            parsed = subprocess.run(["bash", "-n"], input=shown.stdout, text=True,
+                                    capture_output=True)
+            assert parsed.returncode == 0, parsed.stderr
+    keras = run([broker_venv / "marble", "example", "Keras"], tmp_path, env)
+    assert keras.stdout == (REPO / "jobscripts" / EXAMPLES["tf"].file).read_text()
+
+    wrote = run([broker_venv / "marble", "example", "sbatch", "--out", "."], tmp_path, env)
+    assert wrote.returncode == 0, wrote.stderr
+    assert "sbatch marble.sbatch jobs.yaml" in wrote.stdout
+    assert os.access(tmp_path / "marble.sbatch", os.X_OK)
+    (tmp_path / "train.py").write_text("# mine\n")
+    kept = run([broker_venv / "marble", "example", "torch", "-o", "train.py"], tmp_path, env)
+    assert kept.returncode == 1 and "train.py exists: --force replaces it" in kept.stderr
+    assert (tmp_path / "train.py").read_text() == "# mine\n"
+    forced = run([broker_venv / "marble", "example", "torch", "-o", "train.py", "--force"],
+                 tmp_path, env)
+    assert forced.returncode == 0 and "-- python train.py --arch lenet" in forced.stdout
+    assert "Suspendable" in (tmp_path / "train.py").read_text()
+
+    typo = run([broker_venv / "marble", "example", "torhc"], tmp_path, env)
+    assert typo.returncode == 2
+    assert "no example named 'torhc'; the examples are torch, tf" in typo.stderr
+
+
+def test_the_torch_extra_brings_numpy(wheel):
+    """torch's wheels leave numpy out; without it every torch job's stderr starts with
+    "Failed to initialize NumPy"."""
+    with zipfile.ZipFile(wheel) as whl:
+        (meta,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(whl.read(meta).decode())
+    by_extra: dict[str, set[str]] = {}
+    for req in metadata.get_all("Requires-Dist"):
+        spec, _, marker = req.partition(";")
+        if "extra ==" in marker:
+            extra = marker.split("extra ==")[1].strip().strip("'\"")
+            by_extra.setdefault(extra, set()).add(re.match(r"[\w.-]+", spec)[0].lower())
+    assert {"torch", "numpy"} <= by_extra["torch"]

@@ -28,6 +28,7 @@ from tests.scenarios import (
     check_no_gpu_shared,
     db_rows,
     jobset,
+    project,
     run_figure5,
     training,
 )
@@ -275,6 +276,24 @@ def test_allocation_gone_while_the_broker_was_dead_loses_no_job(daemon_factory, 
         "SELECT data FROM events WHERE kind = 'suspended'")]
     assert sum("left with its allocation" in d for d in closed) >= 2
     assert db_rows(state / "marble.db", JOBS) == JOBSET3_DONE
+
+
+def test_a_job_step_runs_where_its_job_was_submitted_from(daemon_factory, allocate, tmp_path):
+    """`marble submit -- python train.py` from a project directory: the step (srun --chdir)
+    finds the script and its data there, and keeps its checkpoint in the state directory."""
+    job = allocate(*ONE_NODE)
+    d = _broker(daemon_factory, job)
+    home = project(tmp_path / "project", "cifar")
+    out = subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", "submit", "--model",
+                          "resnet-50", "--steps", "30", "--", sys.executable, "train.py"],
+                         cwd=home, env={**os.environ, "MARBLE_STATE_DIR": str(d.state_dir)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (done,) = d.wait_all(timeout=120)
+    assert done["state"] == "done", done["reason"]
+    assert (home / "trained.txt").read_text() == f"cifar 30 {home}\n"
+    assert (d.state_dir / "jobs" / "1" / "checkpoint" / "step.json").is_file()
+    assert _placed(d)  # it ran as a job step
 
 
 def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):

@@ -22,12 +22,17 @@ const WAITING = new Set(["queued", "suspended"]);
 const STATE_ORDER = ["running", "suspending", "queued", "suspended", "done", "failed",
   "cancelled"];
 const SVG_NS = "http://www.w3.org/2000/svg";
+const LOG_LINES = 500;  // the log tab: the tail of the job's latest run, this many lines
+const LOG_BYTES = 262144;  // ... within this many bytes
 
 const ui = {
   token: null,
   selected: null,  // the job id clicked
   data: null,  // {status, jobs, runs}
   detail: null,  // GET /v1/jobs/{selected}
+  tab: "details",  // the detail panel's tab: "details" or "log"
+  logStream: "stdout",
+  log: null,  // GET /v1/jobs/{selected}/log (the log tab's)
   forecast: null,
   forecastRoute: false,  // whether this broker serves /v1/forecast
   forecastAt: 0,
@@ -185,6 +190,10 @@ async function poll() {
     }
     ui.data = { status, jobs: jobs.jobs, runs: runs.runs };
     if (selected === ui.selected) ui.detail = detail;
+    if (selected != null && ui.tab === "log") {  // the log tab follows while it is open
+      const log = await optional(api(logPath(selected)));
+      if (selected === ui.selected && log) ui.log = log;
+    }
     ui.polls += 1;
     ui.lastOk = Date.now();
     noteTimes();
@@ -442,7 +451,7 @@ function renderTimeline(t0, forecastEnds) {
       esc(step >= 60 ? clockSpan(s) : `${+s.toFixed(1)} s`)));
   }
   out.push(svg("text", { class: "axis-title", x: left + plotW, y: plotBottom + 30, "text-anchor": "end" },
-    esc(`time since the first run (${wallClock(t0)})`)));
+    esc(`real time since the first run (${wallClock(t0)})`)));
 
   // shared GPUs (share > 1): each run takes a slot of the GPU's row
   const slots = new Map();
@@ -550,7 +559,13 @@ function renderTimeline(t0, forecastEnds) {
   el.innerHTML = `<svg xmlns="${SVG_NS}" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}"`
     + ` role="img" aria-label="GPU timeline"><defs>${defs.join("")}</defs>${out.join("")}</svg>`;
   const why = active && ui.forecast && !ui.forecast.finish_at && ui.forecast.reason;
-  $("legend").innerHTML = legend() + (why ? `<span class="note">no forecast: ${esc(why)}</span>` : "");
+  // the jobs the forecast cannot play (no curve yet...), as `marble status` says them
+  const skipped = (active && ui.forecast && ui.forecast.left_out) || [];
+  const leftOut = skipped.length ? "the forecast leaves out "
+    + skipped.slice(0, 3).map((j) => `job ${j.id} (${j.why})`).join(", ")
+    + (skipped.length > 3 ? ` and ${skipped.length - 3} more` : "") : "";
+  $("legend").innerHTML = legend() + (why ? `<span class="note">no forecast: ${esc(why)}</span>` : "")
+    + (leftOut ? `<span class="note">${esc(leftOut)}</span>` : "");
 }
 
 function legend() {
@@ -582,7 +597,8 @@ function gpusText(job, last) {
     return `<span class="muted">ran on ${esc(last.gpus.length)}</span>`;
   }
   const want = job.gpus_request === "auto" ? `${job.demand ?? "?"} (auto)` : job.gpus_request;
-  return `<span class="muted">wants ${esc(want)}</span>`;
+  // why that count: the broker's one answer (core/target.py), as marble status and curves
+  return `<span class="muted"${job.want ? ` title="${esc(job.want.text)}"` : ""}>wants ${esc(want)}</span>`;
 }
 
 function progressCell(job) {
@@ -702,8 +718,8 @@ function renderDetail(t0) {
   const facts = [
     ["model", d.model || "—"],
     ["steps", d.steps ? `${d.state === "done" ? d.steps : (listed.step ?? 0)} / ${d.steps}` : (d.step ?? "—")],
-    ["GPUs", d.gpus && d.gpus.length ? `${d.gpus.join(", ")} on ${d.node}`
-      : `wants ${d.gpus_request === "auto" ? `${d.demand} (auto: its optimum)` : d.gpus_request}`],
+    ["GPUs", d.gpus && d.gpus.length ? `${d.gpus.join(", ")} on ${d.node}` : "—"],
+    ["wants", d.want ? d.want.text : "—"],
     ["rate", p.rate == null ? "—" : `${p.estimated && d.rate == null ? "≈ " : ""}${rate(p.rate)} steps/s${d.rate_source ? ` (${d.rate_source})` : ""}`],
     ["ends", p.end == null ? "—" : `${wallClock(p.end)} (in ${duration(p.eta)})`],
     ["submitted", `${wallClock(d.submitted_at)}`],
@@ -713,6 +729,7 @@ function renderDetail(t0) {
     ["failures", `${d.failures ?? 0} of ${d.retries ?? 0} retries`],
     ["after", d.after && d.after.length ? d.after.map((a) => `#${a}`).join(", ") : "—"],
     ["command", d.emulate ? "emulated job" : (d.command || []).join(" ") || "—"],
+    ["directory", d.chdir || "—"],
   ];
   if (d.reason) facts.splice(8, 0, ["reason", d.reason]);
   const reasons = Array.isArray(d.reasons) && d.reasons.length ? d.reasons : d.why ? [d.why] : [];
@@ -728,9 +745,14 @@ function renderDetail(t0) {
     + `<span class="kind k-${esc(e.kind)}">${esc(e.kind)}</span>`
     + `${e.run_id != null ? `<span class="run">run ${esc(e.run_id)}</span>` : ""}`
     + `<span class="data">${eventData(e.data)}</span></li>`).join("");
-  el.innerHTML = `<div class="detail-head">${swatch(d.id, d.role)}<h2>#${d.id} ${esc(jobLabel(d))}</h2>`
+  const head = `<div class="detail-head">${swatch(d.id, d.role)}<h2>#${d.id} ${esc(jobLabel(d))}</h2>`
     + `${badge(d.state)}${d.role && !FINAL.has(d.state) ? `<span class="role">${esc(d.role)}</span>` : ""}`
-    + '<button class="close" data-close title="close">×</button></div>'
+    + '<button class="close" data-close title="close">×</button></div>' + tabs();
+  if (ui.tab === "log") {
+    renderLog(el, d, head);
+    return;
+  }
+  el.innerHTML = head
     + (reasons.length ? `<ul class="why">${reasons.map((r) => `<li>${esc(r)}</li>`).join("")}</ul>` : "")
     + `<dl class="facts">${facts.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("")}</dl>`
     + `<h3>Runs <span class="note">${(d.runs || []).length}</span></h3>`
@@ -741,22 +763,85 @@ function renderDetail(t0) {
   if (events2 && keep != null) events2.scrollTop = keep;
 }
 
+/* ---------- the log tab: the tail of the latest run's output, as `marble logs` ---------- */
+
+function logPath(jobId) {
+  return `jobs/${jobId}/log?stream=${ui.logStream}&tail=${LOG_LINES}&limit=${LOG_BYTES}`;
+}
+
+function fetchLog() {
+  const jobId = ui.selected;
+  if (jobId == null || ui.tab !== "log") return;
+  api(logPath(jobId)).then((log) => {
+    if (ui.selected === jobId && ui.tab === "log") { ui.log = log; render(); }
+  }).catch(() => { /* the next poll tries again */ });
+}
+
+function tabs() {
+  return '<div class="tabs" role="tablist">' + [["details", "Details"], ["log", "Log"]].map(([k, label]) =>
+    `<button role="tab" class="tab${ui.tab === k ? " on" : ""}" data-tab="${k}" aria-selected="${ui.tab === k}">${label}</button>`).join("")
+    + "</div>";
+}
+
+function runHeader(r) {  // the header `marble logs` prints for a run
+  const ended = r.ended_at != null;
+  const gpus = `${r.gpus.length} GPU${r.gpus.length === 1 ? "" : "s"}`;
+  const steps = r.end_step != null ? `, steps ${r.start_step} → ${r.end_step}`
+    : r.start_step ? `, from step ${r.start_step}` : "";
+  return `run ${r.id} (job ${r.job_id}): ${r.role}, ${gpus} on ${r.node}${steps}, `
+    + `${ended ? r.end_reason || "ended" : "running"}`;
+}
+
+function renderLog(el, d, head) {
+  const old = el.querySelector("pre.log");
+  const following = !old || old.scrollTop + old.clientHeight >= old.scrollHeight - 4;
+  const keep = old ? old.scrollTop : 0;
+  const log = ui.log && ui.log.job_id === d.id && ui.log.stream === ui.logStream ? ui.log : null;
+  const streams = ["stdout", "stderr"].map((s) =>
+    `<button class="stream${s === ui.logStream ? " on" : ""}" data-stream="${s}">${s}</button>`).join("");
+  let body = '<p class="empty">Loading the log…</p>';
+  if (log && !log.run) body = `<p class="empty">No run yet (${esc(log.state)}).</p>`;
+  else if (log) {
+    const notes = [runHeader(log.run)];
+    if (log.offset > 0) notes.push(`its last ${LOG_LINES} lines`);
+    if (log.runs.length > 1) notes.push(`${log.runs.length} runs: marble logs ${d.id} --all-runs`);
+    body = `<div class="log-run">${esc(notes.join(" · "))}</div>`
+      + `<pre class="log">${esc(log.text) || '<span class="muted">(nothing yet)</span>'}</pre>`;
+  }
+  el.innerHTML = head + `<div class="log-bar">${streams}`
+    + '<span class="note">the latest run, followed while this tab is open</span></div>' + body;
+  const pre = el.querySelector("pre.log");
+  if (pre) pre.scrollTop = following ? pre.scrollHeight : keep;
+}
+
 /* ---------- interaction ---------- */
 
 function select(jobId) {
   if (ui.selected === jobId) return;
   ui.selected = jobId;
   ui.detail = null;
+  ui.log = null;
   render();
   if (jobId != null) {
     api(`jobs/${jobId}`).then((d) => {
       if (ui.selected === jobId) { ui.detail = d; render(); }
     }).catch(() => { /* the next poll tries again */ });
+    fetchLog();
   }
 }
 
 document.addEventListener("click", (event) => {
   if (event.target.closest("[data-close]")) { select(null); return; }
+  const tab = event.target.closest("[data-tab]");
+  const stream = event.target.closest("[data-stream]");
+  if (tab || stream) {
+    if (tab) ui.tab = tab.dataset.tab;
+    if (stream) ui.logStream = stream.dataset.stream;
+    ui.log = null;
+    render();
+    fetchLog();
+    return;
+  }
   if (event.target.closest("details, summary")) return;
   const hit = event.target.closest("[data-job-id]");
   if (hit) select(Number(hit.dataset.jobId));

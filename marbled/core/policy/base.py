@@ -30,6 +30,7 @@ from marbled.core.model import (
     State,
     dependency_status,
 )
+from marbled.core.target import gpus_text
 
 BROKEN = "a job it depends on failed or was cancelled"
 
@@ -55,6 +56,7 @@ class Policy:
     options: ClassVar[tuple[Option, ...]] = ()
     multi_node: ClassVar[bool] = False  # places jobs that ask for several nodes
     promotes: ClassVar[bool] = False  # resumes running secondaries on more GPUs
+    shrinks: ClassVar[bool] = False  # moves a running job above its demand down to it
 
     def __init__(self, **settings: float | None):
         known = {o.name: o for o in self.options}
@@ -104,16 +106,17 @@ class Policy:
         """Why `job` is where it is, in one line."""
         if job.state.finished:
             return f"{job.state.value}"
-        target = job.resume_on and f"{len(job.resume_on.gpus)} GPUs of {job.resume_on.node}"
+        target = job.resume_on and f"{gpus_text(len(job.resume_on.gpus))} of {job.resume_on.node}"
         if job.state is JobState.SUSPENDING:
             return "is writing its checkpoint" + (f", to resume on {target}" if target else
                                                   " to be suspended")
         if target:
             return f"resumes on {target}, reserved for it"
         if job.placement is not None:
-            count = len(job.gpus) if job.placement.share == 1 else f"1/{job.placement.share} of 1"
+            count = gpus_text(len(job.gpus)) if job.placement.share == 1 else \
+                f"1/{job.placement.share} of 1 GPU"
             which = "its demand" if len(job.gpus) == job.demand else f"its demand is {job.demand}"
-            return f"runs as {job.role.value} on {count} GPUs of {job.placement.node} ({which})"
+            return f"runs as {job.role.value} on {count} of {job.placement.node} ({which})"
         return self.why_waiting(job, state, now)
 
     def why_waiting(self, job: Job, state: State, now: float) -> str:
@@ -134,8 +137,8 @@ class Policy:
         if ahead:
             return f"waits in the FIFO behind {ahead} eligible job(s)"
         most = max((len(state.free(n)) for n in state.nodes), default=0)
-        where = f"{job.demand} GPUs on each of {job.nodes} nodes" if job.nodes > 1 else \
-            f"{job.demand} GPUs on one node"
+        where = f"{gpus_text(job.demand)} on each of {job.nodes} nodes" if job.nodes > 1 else \
+            f"{gpus_text(job.demand)} on one node"
         return f"is next in the FIFO and needs {where}; the most free on a node is {most}"
 
 

@@ -52,6 +52,7 @@ class MarblePolicy(Policy):
     name = "marble"
     summary = "optimal GPU counts + secondaries + promotion (Algorithm 1)"
     promotes = True  # the daemon may prestart the next runs of secondaries
+    shrinks = True  # a job whose runs measured fewer GPUs faster (see _shrink)
     multi_node = True  # places jobs that ask for several nodes (as primaries)
 
     def choose(self, state: State, now: float) -> list:
@@ -67,7 +68,7 @@ class MarblePolicy(Policy):
                 if 0 < extra <= len(free[node]):
                     taken, free[node] = free[node][:extra], free[node][extra:]
                     target = Placement(node, tuple(sorted(job.gpus + tuple(taken))))
-                    actions.append(Suspend(job.id, target, "promote"))
+                    actions.append(Suspend(job.id, target, job.move or "promote"))
                     promoted.add(job.id)
 
         # run_multiple_jobs(), lines 14-21.
@@ -85,6 +86,20 @@ class MarblePolicy(Policy):
                 break
         if len(state.nodes) > 1:  # one node: exactly the paper's promotions
             actions += self._promote_into_idle(state, free, promoted, now)
+        return actions + self._shrink(state, now)
+
+    @staticmethod
+    def _shrink(state: State, now: float) -> list:
+        """Running jobs above their demand (their runs measured fewer GPUs faster) back down
+        to it, keeping their lowest GPUs, when the move pays; a profile's demand is never
+        below the GPUs a job holds, so without learning this does nothing."""
+        actions = []
+        for job in state.above_demand():
+            if job.malleable and job.nodes == 1 and settled(job, now) \
+                    and _pays(job, job.demand, now):
+                gpus = job.gpus[:job.fit(job.demand) or job.demand]
+                actions.append(Suspend(job.id, Placement(job.placement.node, gpus),
+                                       job.move or "learned optimum"))
         return actions
 
     @staticmethod
@@ -113,7 +128,7 @@ class MarblePolicy(Policy):
                 gpus = tuple(sorted(job.gpus + tuple(taken)))
             else:
                 gpus, free[node] = tuple(free[node][:count]), free[node][count:]
-            actions.append(Suspend(job.id, Placement(node, gpus), "promote"))
+            actions.append(Suspend(job.id, Placement(node, gpus), job.move or "promote"))
         return actions
 
 

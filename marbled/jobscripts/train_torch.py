@@ -14,7 +14,8 @@ uninterrupted one with the same thread count (--threads), bit for bit. Labels ar
 learnable: each class has a fixed, smooth random prototype image (7x7 noise,
 upsampled) and a sample is its class's prototype plus pixel noise of the same strength.
 
-    python jobscripts/train_torch.py --arch lenet --steps 400 --loss-log losses.txt
+    marble example torch > train_torch.py      # this script, from the installed package
+    python train_torch.py --arch lenet --steps 400 --loss-log losses.txt
 """
 
 import argparse

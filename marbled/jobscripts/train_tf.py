@@ -1,7 +1,8 @@
 """A ready TensorFlow training job on synthetic data, suspendable by marbled.
 
-    python jobscripts/train_tf.py --arch lenet --steps 500             # alone
-    marble submit --model lenet --steps 500 -- python jobscripts/train_tf.py --arch lenet
+    marble example tf > train_tf.py    # this script, from the installed package
+    python train_tf.py --arch lenet --steps 500                                 # alone
+    marble submit --model lenet --steps 500 -- python train_tf.py --arch lenet  # broker
 
 --arch lenet: LeNet-5 on MNIST-shaped input (28x28x1); --arch resnet: a small
 ResNet (3 stages of 2 basic blocks, 16/32/64 channels, BatchNorm) on 32x32x3.
