@@ -7,17 +7,25 @@ count and says what the broker should believe:
 
 * a count's throughput is the median of its newest `RECENT` samples (robust to
   an outlier run), trusted once it has `min_samples`;
-* the curve (`curve()`): trusted counts as measured; the others from the
-  profile's curve scaled to the measurements (when the measurements keep its
-  shape), else from Optimus's scaling model 1/v(g) = a + b/g + c*g fitted to the
-  measured counts (Peng et al., EuroSys 2018; three counts or more), else the
-  nearest measured count's value;
+* what a measurement says is either *scale* or *shape*. Scale: this machine runs
+  the model k times faster or slower than its profile; k (the median ratio of the
+  measurements to the profile) rescales the whole curve and keeps its shape, so the
+  optimum, and every decision, stays the profile's. Shape: the speed-up from one
+  count to another differs from the profile's; only measurements at two counts or
+  more whose ratios to the profile differ by more than `tolerance` plus their noise
+  say it (`shape_holds()`). One count measured is always scale;
+* the curve (`curve()`): with the shape held, the profile times k; with it
+  contradicted, the measured counts as measured and the others the profile's value
+  times the ratio of the measured counts beside them (interpolated between two, held
+  beyond the last), so the profile's shape is corrected, never replaced by a flat or
+  extrapolated one; with no profile, Optimus's scaling model
+  1/v(g) = a + b/g + c*g fitted to the measured counts (Peng et al., EuroSys 2018;
+  three counts or more), else the nearest measured count's value;
 * the count the model's next run should use (`next_count()`; `core.target` decides
-  it and says why): the curve's
-  optimum once it is known; while it is not (a model no profile knows, or one
-  whose measurements contradict its profile), a search: double while a doubling
-  pays at least `gain`, halve from a profile's optimum that turned out wrong,
-  and with three counts or more try the fitted optimum until it is measured.
+  it and says why): the curve's optimum once it is measured; while it is not (a
+  model no profile knows, or a corrected profile that peaks on a count not
+  measured yet), a search: double while a doubling pays at least `gain`, try the
+  corrected or fitted optimum until it is measured.
 """
 
 from __future__ import annotations
@@ -105,47 +113,78 @@ class Knowledge:
 
     # -- what to believe
 
+    def ratios(self) -> dict[int, float]:
+        """Each measured count's throughput over the profile's (empty without a profile)."""
+        if self.profile is None:
+            return {}
+        return {g: v / self.profile.throughput(g) for g, v in self.measured().items()
+                if self.profile.possible(g)}
+
+    def scale(self) -> float:
+        """k: how many times the profile's speed this machine runs the model (1 if unknown)."""
+        ratios = self.ratios()
+        return median(ratios.values()) if ratios else 1.0
+
+    def noise(self, gpus: int) -> float:
+        """The relative spread of a count's samples: twice their median absolute deviation
+        over their median (0 with one sample)."""
+        samples = self.throughput.get(gpus, ())[-RECENT:]
+        if len(samples) < 2:
+            return 0.0
+        mid = median(samples)
+        return 2 * median(abs(v - mid) for v in samples) / mid
+
     def shape_holds(self) -> bool:
-        """Do the measurements keep the profile's shape (the same ratio to it everywhere,
-        and with one count only, close to it)?"""
-        points = self.measured()
-        if self.profile is None or not points:
-            return self.profile is not None
-        ratios = [v / self.profile.throughput(g) for g, v in points.items()]
-        tol = 1 + self.learning.tolerance
-        if len(ratios) == 1:
-            return 1 / tol <= ratios[0] <= tol
-        return max(ratios) / min(ratios) <= tol
+        """Do the measurements keep the profile's shape? One count measured always does
+        (it only says the scale); two or more contradict it when their ratios to the
+        profile differ by more than `tolerance` plus the noise of the two counts."""
+        if self.profile is None:
+            return False
+        ratios = self.ratios()
+        if len(ratios) < 2:
+            return True
+        lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+        allowed = 1 + self.learning.tolerance + self.noise(lo) + self.noise(hi)
+        return ratios[hi] / ratios[lo] <= allowed
 
     def curve(self, max_gpus: int) -> ThroughputCurve | None:
         """The best estimate of steps/s on 1..max_gpus GPUs; None if nothing is known."""
         points = self.measured()
         if not points:
             return self.profile
-        rules_out = (lambda g: not self.profile.possible(g)) if self.profile else \
-            (lambda g: False)
-        if self.shape_holds():
-            ratio = median(v / self.profile.throughput(g) for g, v in points.items())
-            guess = {g: self.profile.throughput(g) * ratio for g in range(1, max_gpus + 1)
-                     if not rules_out(g)}
+        if self.profile is None:
+            values = tuple(points.get(g) or self._fitted(points, g)
+                           for g in range(1, max_gpus + 1))
+            return ThroughputCurve(self.model, values, (), **self._costs())
+        prof = self.profile
+        if self.shape_holds():  # scale: the profile's shape at the measured level, all over
+            k = self.scale()
+            values = tuple(prof.throughput(g) * k if prof.possible(g) else None
+                           for g in range(1, max_gpus + 1))
         else:
-            coef = fit_scaling(points)
-            guess = {}
-            for g in range(1, max_gpus + 1):
-                fitted = scaled(coef, g) if coef else None
-                nearest = min(points, key=lambda m, g=g: (abs(m - g), m))
-                guess[g] = fitted if fitted is not None else points[nearest]
-        values = tuple(None if rules_out(g) else points.get(g, guess[g])
-                       for g in range(1, max_gpus + 1))
-        shared = self.profile.shared if self.profile else ()
-        return ThroughputCurve(self.profile.model if self.profile else self.model, values,
-                               shared, **self._costs())
+            ratios = self.ratios()
+            values = tuple(None if not prof.possible(g) else points[g] if g in points
+                           else prof.throughput(g) * _between(ratios, g)
+                           for g in range(1, max_gpus + 1))
+        return ThroughputCurve(prof.model, values, prof.shared, **self._costs())
+
+    @staticmethod
+    def _fitted(points: dict[int, float], g: int) -> float:
+        """A model no profile knows at a count not measured: the fitted scaling model's
+        value, else the nearest measured count's."""
+        coef = fit_scaling(points)
+        fitted = scaled(coef, g) if coef else None
+        return fitted if fitted is not None else \
+            points[min(points, key=lambda m: (abs(m - g), m))]
 
     def _costs(self) -> dict:
-        out = {}
+        """Start-up and suspension as measured; until then the profile's, on the scale its
+        throughput was measured at (a machine k times as fast takes 1/k of the time)."""
+        out, k = {}, self.scale() if self.shape_holds() else 1.0
         for kind in ("startup", "suspend"):
             samples = getattr(self, kind)
             known = getattr(self.profile, f"{kind}_s", None) if self.profile else None
+            known = known / k if known is not None else None
             out[f"{kind}_s"] = (median(samples[-RECENT:])
                                 if len(samples) >= self.learning.min_samples else known)
         return out
@@ -171,7 +210,7 @@ class Knowledge:
             estimate = curve.throughput(g) if curve and curve.possible(g) else None
             source = ("measured" if g in points else "none" if estimate is None
                       else "profile" if not points else "scaled profile" if holds
-                      else "fitted")
+                      else "corrected profile" if self.profile else "fitted")
             counts.append({"gpus": g, "profile": profiled, "measured": points.get(g),
                            "samples": len(self.throughput.get(g, ())), "estimate": estimate,
                            "source": source})
@@ -184,20 +223,39 @@ class Knowledge:
                 "disagrees": self.disagreement(max_gpus)}
 
     def disagreement(self, max_gpus: int) -> str | None:
-        """Why the measurements contradict the profile (for `marble curves`), if they do."""
-        if self.profile is None:
+        """Why the measurements contradict the profile (for `marble curves`), if they do:
+        its shape (an optimum elsewhere, counts off the scale of the others) or its level
+        alone (the same factor at every count)."""
+        if self.profile is None or not (ratios := self.ratios()):
             return None
-        points = self.measured()
-        off = [(g, v, self.profile.throughput(g)) for g, v in points.items()
-               if abs(v / self.profile.throughput(g) - 1) > self.learning.tolerance]
+        points, k, tol = self.measured(), self.scale(), self.learning.tolerance
         said = self.profile.optimal_gpus(max_gpus)
-        found = self.next_count(max_gpus) if points else said
+        found = self.next_count(max_gpus)
         reasons = []
         if found != said:
             reasons.append(f"optimum {found} GPUs, the profile says {said}")
-        for g, v, p in off:
-            reasons.append(f"{v:.3g} steps/s on {g} GPUs, the profile says {p:.3g}")
+        if self.shape_holds():
+            if abs(k - 1) > tol:
+                reasons.append(f"its runs train at {k:.3g}x the profile's speed; the "
+                               "profile's shape holds")
+        else:
+            for g, r in ratios.items():
+                if abs(r - 1) > tol:
+                    reasons.append(f"{points[g]:.3g} steps/s on {g} GPU{'s' * (g > 1)}, "
+                                   "the profile says "
+                                   f"{self.profile.throughput(g):.3g}")
         return "; ".join(reasons) or None
+
+
+def _between(ratios: dict[int, float], g: int) -> float:
+    """The ratio to the profile at count `g`: interpolated between the measured counts
+    beside it, the nearest one's beyond them (never extrapolated)."""
+    below = [m for m in ratios if m < g]
+    above = [m for m in ratios if m > g]
+    if not below or not above:
+        return ratios[max(below) if below else min(above)]
+    lo, hi = max(below), min(above)
+    return ratios[lo] + (ratios[hi] - ratios[lo]) * (g - lo) / (hi - lo)
 
 
 class LearnedBook:

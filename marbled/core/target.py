@@ -4,12 +4,14 @@
 The count comes from what the broker knows of the model (`core.learning.Knowledge`):
 
 * `explicit`: the job asked for exactly K GPUs (`--gpus K`);
-* `profile`: nothing measured yet, or runs that keep the profile's shape: its optimum;
+* `profile`: nothing measured yet, or runs that keep the profile's shape (one count
+  measured always does: it says the scale, never the shape): its optimum;
 * `start`: a model no profile knows, nothing measured: it starts on `Learning.start_gpus`;
-* `explore`: runs contradict the profile (or there is none) and the optimum is not found
-  yet: double while a doubling pays, halve from a profile's optimum that proved too high,
-  try the optimum fitted to three counts or more until it is measured;
-* `learned`: the fastest count the runs measured (or the fitted optimum, once measured).
+* `explore`: runs at two counts or more contradict the profile's shape, and the corrected
+  profile peaks on a count not measured yet; or a model no profile knows: double while a
+  doubling pays, try the optimum fitted to three counts or more until it is measured;
+* `learned`: the optimum of the corrected profile, or the fastest count the runs measured
+  (a model no profile knows), once measured.
 
 `capped`: the optimum lies beyond the largest node, which limits the count.
 """
@@ -72,9 +74,26 @@ def target(know: Knowledge, max_gpus: int) -> Target:
         return Target(best, PROFILE, "its profile's optimum",
                       capped=best is not None and (profile.optimal_gpus() or 0) > max_gpus)
     curve = know.curve(max_gpus)
-    if know.shape_holds():
-        return Target(curve.optimal_gpus(max_gpus), PROFILE,
-                      "its profile's optimum, which its runs confirm")
+    if know.shape_holds():  # the scale alone: the profile's optimum, whatever the level
+        k = know.scale()
+        level = "which its runs confirm" if abs(k - 1) <= know.learning.tolerance else \
+            f"the same at the {k:.3g}x speed its runs measured"
+        return Target(curve.optimal_gpus(max_gpus), PROFILE, f"its profile's optimum, {level}")
+    if profile is not None:
+        best = curve.optimal_gpus(max_gpus)
+        # the profile's shape is in doubt: its optimum is found once the counts either side
+        # are measured too (the more promising first)
+        beside = sorted((g for g in (best - 1, best + 1)
+                         if 1 <= g <= max_gpus and g not in points and curve.possible(g)),
+                        key=lambda g: -curve.throughput(g))
+        if best in points and beside:
+            return Target(beside[0], EXPLORE, f"exploring: its runs contradict its profile's "
+                                              f"shape; {gpus_text(best)} measured fastest so "
+                                              "far, trying the count beside it")
+        if best in points:
+            return Target(best, LEARNED, "the optimum of its profile as its runs corrected it")
+        return Target(best, EXPLORE, "exploring: its profile as its runs corrected it peaks "
+                                     "there, not measured yet")
     best = max(points, key=lambda g: (points[g], -g))
     if len(points) >= 3 and fit_scaling(points):
         fitted = curve.optimal_gpus(max_gpus)
@@ -89,11 +108,6 @@ def target(know: Knowledge, max_gpus: int) -> Target:
                                  * points[max(below)]):
             return Target(up, EXPLORE, f"exploring: {gpus_text(best)} measured fastest so "
                                        "far, trying more while a doubling pays")
-    if best == min(points) and best > 1 and profile is not None:
-        down = curve.largest(best // 2) or curve.smallest()
-        if down < best:
-            return Target(down, EXPLORE, f"exploring: its runs on {gpus_text(best)} were "
-                                         "slower than its profile says, trying fewer")
     return Target(best, LEARNED, "the fastest count its runs measured")
 
 

@@ -43,13 +43,17 @@ def test_each_reason_with_its_count_and_words():
         (sampled(Knowledge("new"), (1, 100.0)), 6, 2, EXPLORE,
          "2 GPUs: exploring: 1 GPU measured fastest so far, trying more while a doubling "
          "pays"),
-        (sampled(Knowledge("m", WRONG), (6, 90.0)), 6, 3, EXPLORE,
-         "3 GPUs: exploring: its runs on 6 GPUs were slower than its profile says, trying "
-         "fewer"),
+        # one count says the scale, never the shape: the profile's optimum stands
+        (sampled(Knowledge("m", WRONG), (6, 90.0)), 6, 6, PROFILE,
+         "6 GPUs: its profile's optimum, the same at the 0.562x speed its runs measured"),
         (sampled(Knowledge("m", WRONG), (6, 90.0), (3, 140.0), (1, 100.0)), 6, 2, EXPLORE,
-         "2 GPUs: exploring: the curve fitted to its runs peaks there, not measured yet"),
+         "2 GPUs: exploring: its profile as its runs corrected it peaks there, not measured "
+         "yet"),
+        (sampled(Knowledge("m", WRONG), (6, 90.0), (3, 140.0)), 6, 4, EXPLORE,
+         "4 GPUs: exploring: its runs contradict its profile's shape; 3 GPUs measured "
+         "fastest so far, trying the count beside it"),
         (sampled(Knowledge("m", WRONG), (6, 90.0), (3, 140.0), (1, 100.0), (2, 150.0)), 6, 2,
-         LEARNED, "2 GPUs: the optimum of the curve fitted to its runs"),
+         LEARNED, "2 GPUs: the optimum of its profile as its runs corrected it"),
         (sampled(Knowledge("new"), (1, 100.0), (2, 80.0)), 6, 1, LEARNED,
          "1 GPU: the fastest count its runs measured"),
     ]

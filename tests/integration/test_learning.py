@@ -48,8 +48,14 @@ def curves(state_dir, *args: str) -> dict:
 def test_a_wrong_profile_is_corrected_and_kept_across_a_restart(daemon_factory, tmp_path):
     truth, told = profiles(tmp_path)
     d = daemon_factory("--profile", told, "--learn-interval", "0.2", time_scale=1.0)
-    counts = [r["gpu_count"] for r in chain(d, "net", truth, 5)]
-    assert counts[0] == 6 and counts[-2:] == [2, 2], counts  # the profile's, then the truth
+    # a user's run on 3 GPUs (--gpus 3), then the broker's own: one count measured says only
+    # the scale (a faster or slower machine), two that contradict the profile say its shape
+    d.submit({"model": "net", "steps": 3000, "gpus": 3, "command": [
+        sys.executable, "-m", "marbled.worker.emulate", "--profile", truth]})
+    d.wait_all(timeout=60)
+    counts = [r["gpu_count"] for r in chain(d, "net", truth, 6)]
+    # the profile's optimum, the counts beside the best measured, then the truth
+    assert counts[:2] == [3, 6] and counts[-2:] == [2, 2], counts
     (net,) = curves(d.state_dir, "net")["models"]
     assert net["optimum"] == net["next_count"] == 2 and net["profile_optimum"] == 6
     assert "optimum 2 GPUs, the profile says 6" in net["disagrees"]
@@ -85,3 +91,33 @@ def test_without_learning_an_unknown_model_is_refused(daemon_factory, tmp_path):
     with pytest.raises(ApiError) as err:
         d.submit({"model": "novel", "steps": 10, "command": ["true"]})
     assert err.value.status == 400 and "no throughput curve" in str(err.value)
+
+
+def plain(jobs: list[dict], time_scale: float) -> list[dict]:
+    """`jobs` as a user gives them: the emulated training job as a plain command, which the
+    broker does not know runs 1/time_scale times as fast as the profile says."""
+    return [{**j, "emulate": False, "command": [
+        sys.executable, "-m", "marbled.worker.emulate", "--model", j["model"],
+        "--steps", str(j["steps"]), "--time-scale", str(time_scale)]} for j in jobs]
+
+
+def schedule(daemon) -> list[tuple]:
+    return sorted((r["job_id"], r["gpu_count"], r["role"]) for r in daemon.runs())
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_jobs_50x_the_profiles_speed_get_the_no_learn_decisions(daemon_factory, tmp_path, n):
+    """The issue: paper job set 1 as plain commands 50x faster than the profile; learning
+    read that as a contradiction and grew job 2 from 3 to 6 GPUs instead of starting job 3.
+    The measurements say the scale only: every run's count and role are --no-learn's."""
+    from tests.scenarios import jobset
+
+    got = {}
+    for how in ("--learn-interval", "--no-learn"):
+        d = daemon_factory(*([how, "0.2"] if how == "--learn-interval" else [how]),
+                           state_dir=tmp_path / how.strip("-"))
+        d.submit(*plain(jobset(n), 0.02))
+        assert [j["state"] for j in d.wait_all(timeout=120)] == ["done"] * len(jobset(n))
+        got[how] = schedule(d)
+        d.stop()
+    assert got["--learn-interval"] == got["--no-learn"]
