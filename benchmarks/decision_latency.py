@@ -24,10 +24,11 @@ to the launcher's `launch()` call of the first run it starts (`first`), to the l
 (`last`: with all GPUs free, dozens of runs), and the broker's time in `Broker.decide`
 (what `marbled_decision_seconds` observes) for that event. A run asked to suspend (a
 reshape) acknowledges its checkpoint and exits at once, so `first` is the broker's own
-latency. For `free` the harness pauses the loop, cancels every run but one, tops the queue
-up to Q and lets that run end; `ended` lets the oldest run end, the cluster loaded. Each
-`free` sample rebuilds the cluster, so the daemon takes fewer samples (its p99 is then the
-maximum).
+latency: its quiet period after a run's end (`coalesce_s`, 10 ms: ends that come together
+are one decision) and its decision. For `free` the harness pauses the loop, cancels every
+run but one, tops the queue up to Q and lets that run end; `ended` lets the oldest run
+end, the cluster loaded. Each `free` sample rebuilds the cluster, so the daemon takes fewer
+samples (its p99 is then the maximum).
 
 `--smoke` (CI): two policies, 8 nodes, 10 and 1,000 queued, a few samples, in seconds.
 """
@@ -227,7 +228,8 @@ async def daemon_cell(name: str, nodes: int, queued: int, samples: int,
                 await asyncio.sleep(0)
                 answer()
                 now = (len(launches), len(decisions))
-                idle = idle + 1 if now == seen and not broker.runs.launching else 0
+                busy = broker.runs.launching or broker.coalescing  # (a real-time wait)
+                idle = idle + 1 if now == seen and not busy else 0
                 seen = now
 
         def waiting() -> int:

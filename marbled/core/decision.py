@@ -9,7 +9,7 @@ has nothing more to do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from marbled.core.model import Action, Job, State
 from marbled.core.policy.base import Policy
@@ -21,10 +21,14 @@ class RunawayPolicy(RuntimeError):
     """The policy keeps acting at one instant: it would never let time advance."""
 
 
-def settle(policy: Policy, state: State, now: float) -> Iterator[tuple[Action, Job]]:
-    """Every action `policy` takes at `now`, applied; with the job as it is after it."""
+def settle(policy: Policy, state: State, now: float,
+           refuse: Callable[[Action], bool] | None = None) -> Iterator[tuple[Action, Job]]:
+    """Every action `policy` takes at `now`, applied; with the job as it is after it. An
+    action `refuse` answers true for is dropped (the driver's guard against a livelock)."""
     for _ in range(MAX_ROUNDS):
         actions = policy.decide(state, now)
+        if refuse is not None:
+            actions = [a for a in actions if not refuse(a)]
         if not actions:
             return
         applied = [(action, state.apply(action, now)) for action in actions]

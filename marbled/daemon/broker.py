@@ -20,7 +20,7 @@ from marbled.core.admission import admit
 from marbled.core.decision import settle
 from marbled.core.errors import Never, NotFound, NotNow, Unavailable
 from marbled.core.learning import LearnedBook
-from marbled.core.model import Cancel, Job, JobState, Node, Role, Start, State, Suspend
+from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
 from marbled.core.spec import JobSpec
@@ -62,6 +62,10 @@ class Broker:
         self.started_at = self.clock.time()
         self.sampler = None  # an NvmlSampler of the broker's node, when it has real GPUs
         self._wake = asyncio.Event()
+        self._ending = False  # a run has ended since the last decision (see _coalesce)
+        self.coalescing = False  # the loop waits for the ends that come together
+        self._reshaped: dict[int, float] = {}  # job -> when the policy last reshaped it
+        self._refused: set[tuple[int, float]] = set()  # (job, that time) refusals logged
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._due: Timer | None = None  # the policy's next decision without an event
@@ -79,6 +83,7 @@ class Broker:
         self._timers()
         while not (self.draining and not self.runs.live and not self.runs.launching):
             await self._wake.wait()
+            await self._coalesce()
             self._wake.clear()
             if self._failure is not None:
                 raise self._failure
@@ -94,6 +99,18 @@ class Broker:
         self._failure = exc
         self.wake()
 
+    async def _coalesce(self) -> None:
+        """After a run's end, wait until no other has ended for `coalesce_s` (at most
+        `coalesce_max_s`): short jobs that end a few ms apart are one decision, so a neighbour
+        is not resized at each of their ends."""
+        quiet, loop = self.config.coalesce_s, asyncio.get_running_loop()
+        give_up = loop.time() + self.config.coalesce_max_s
+        self.coalescing = True
+        while self._ending and quiet > 0 and loop.time() < give_up:
+            self._ending = False
+            await asyncio.sleep(min(quiet, give_up - loop.time()))
+        self._ending = self.coalescing = False
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -104,16 +121,34 @@ class Broker:
         began = time.perf_counter()  # the loop's own busy time, not self.clock (tests fake it)
         now = self.clock.time()
         with self.ledger.batch():  # one transaction for the decision's changes
-            for action, job in settle(self.policy, self.state, now):
+            for action, job in settle(self.policy, self.state, now,
+                                      lambda action: self._refuse(action, now)):
                 match action:
                     case Start():
                         self._start(job, action, now)
                     case Suspend(reason=reason):
+                        self._reshaped[job.id] = now
                         self._suspend(job, reason)
                     case Cancel(reason=reason):
                         self._finish(job.id, JobState.CANCELLED, reason)
         self._decide_again(self.policy.next_decision(self.state, self.clock.time()))
         self.metrics.decision.observe(time.perf_counter() - began)
+
+    def _refuse(self, action: Action, now: float) -> bool:
+        """Is `action` a reshape of a job the policy reshaped less than `reshape_window` ago?
+        Such a loop makes no progress (each run is undone before it trains): the reshape is
+        refused and logged once, and the policy may decide again once the window is past."""
+        last = self._reshaped.get(action.job) if isinstance(action, Suspend) else None
+        if last is None or now - last >= self.config.reshape_window:
+            return False
+        if (action.job, last) not in self._refused:
+            self._refused.add((action.job, last))
+            log.warning("job %d: the policy reshaped it again %.3f s after its last reshape; "
+                        "refused (%s)", action.job, now - last, action.reason)
+            self.ledger.event("reshape-refused", now, action.job, reason=action.reason,
+                              since_s=round(now - last, 3))
+            self.wake_at(last + self.config.reshape_window)
+        return True
 
     def _decide_again(self, due: float | None) -> None:
         """A time-driven policy (slices, stable periods) wants to decide at `due`; one that
@@ -200,6 +235,7 @@ class Broker:
         self.wake()
 
     def _ended(self, ended: Ended) -> None:
+        self._ending = True
         if ended.retry_at is not None:
             self.state.suspended(ended.job_id, not_before=ended.retry_at)
             self.wake_at(ended.retry_at)

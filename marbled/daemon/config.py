@@ -19,6 +19,13 @@ class BrokerConfig:
     suspend_timeout: float = 60.0  # SIGTSTP -> acknowledgement, before SIGTERM
     kill_timeout: float = 10.0  # SIGTERM -> exit, before SIGKILL
     monitor_interval: float = 1.0  # how often acknowledgement markers are looked for
+    # Runs that end this close together (s) are one decision, as the simulator takes the ends
+    # of one instant; a stream of ends delays a decision by `coalesce_max_s` at most.
+    coalesce_s: float = 0.01
+    coalesce_max_s: float = 0.1
+    # A job the policy reshapes again within this many seconds of its last reshape is left as
+    # it is (a loop that makes no progress); the refusal is logged as a `reshape-refused` event.
+    reshape_window: float = 1.0
     # When to start the process of a job's next run before its GPUs are free:
     # "ahead" keeps one waiting for every running secondary (the runs MARBLE
     # suspends) and starts one at any other suspension; "suspend" only at a

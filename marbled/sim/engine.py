@@ -14,7 +14,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from marbled.core.decision import settle
+from marbled.core.decision import RunawayPolicy, settle
 from marbled.core.learning import LearnedBook, Learning
 from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
@@ -267,6 +267,10 @@ class Simulator:
                     state.resize(other, aim.count, self._costed(told.lookup(model)), aim.move)
 
         together = False
+        # A livelock guard: a job reshaped twice at one instant, or more events at one instant
+        # than the jobs can make (each arrives, starts, is suspended once, resumes and ends).
+        reshaped: dict[int, float] = {}
+        at_once, most_at_once, last_job = 0, 4 * len(arrivals) + 16, 0
         while True:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
                 a = arrivals[next_arrival]
@@ -302,6 +306,12 @@ class Simulator:
                         if job.curve and job.curve.possible(len(action.gpus)) else rate
                     state.expect(job.id, lv.progress_from + left / told_rate)
                 elif isinstance(action, Suspend):
+                    if reshaped.get(job.id) == t:
+                        raise RunawayPolicy(
+                            f"policy {self.policy.name} reshaped job {job.id} twice at "
+                            f"t = {t:.3f} s, with no progress in between (a livelock): "
+                            f"{action.reason}")
+                    reshaped[job.id] = t
                     lv = live[job.id]
                     lv.stop_at = t + lv.suspend_s
                     lv.version = version = version + 1
@@ -322,7 +332,14 @@ class Simulator:
             _next_at(heap, live)  # drop stale events: runs suspended or replaced since
             arrive_at = arrivals[next_arrival].at if next_arrival < len(arrivals) else math.inf
             if heap and heap[0][0] <= arrive_at:
-                t, _, who, what = heapq.heappop(heap)
+                at, _, who, what = heapq.heappop(heap)
+                at_once, t = (at_once + 1 if at == t else 0), at
+                last_job = who or last_job
+                if at_once > most_at_once:
+                    raise RunawayPolicy(
+                        f"policy {self.policy.name} makes no progress: {at_once} events at "
+                        f"t = {t:.3f} s without time advancing (the last one of job "
+                        f"{last_job})")
                 if what == "tick":
                     continue
             elif arrive_at < math.inf:

@@ -185,7 +185,9 @@ async def running_broker(state_dir: Path, *, policy: str = "marble", gpus: int =
     launcher = launcher or FakeLauncher()
     store = store or Store(None)
     settings = {"monitor_interval": 1.0, "suspend_timeout": 60.0, "kill_timeout": 10.0,
-                "prestart": "off", "retry_delay": 30.0, **config}
+                "prestart": "off", "retry_delay": 30.0,
+                "coalesce_s": 0.0,  # a quiet period is real time: `pump` would not wait it
+                **config}
     cfg = BrokerConfig(state_dir=state_dir, nodes={"n0": tuple(map(str, range(gpus)))},
                        book=load_profile(), profile_ref="summit-v100", broker_node="n0",
                        **settings)

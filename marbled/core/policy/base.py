@@ -228,8 +228,10 @@ def reshape_pays(job: Job, count: int, now: float, margin: float = 0.0) -> bool 
 
 def settled(job: Job, now: float) -> bool:
     """Has the job's run lasted longer than a reshape costs it? A run that has barely begun
-    is not moved again (with no event in between, a policy would reshape forever)."""
-    return job.run_started is not None and now - job.run_started >= reshape_cost(job)
+    is not moved again (with no event in between, a policy would reshape forever): with no
+    cost, not at the instant it started."""
+    return job.run_started is not None and now > job.run_started \
+        and now - job.run_started >= reshape_cost(job)
 
 
 def start_on(job: Job, parts: list[tuple[str, tuple[int, ...]]], role: Role) -> Start:

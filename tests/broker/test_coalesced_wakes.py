@@ -1,0 +1,67 @@
+"""Ends that come a few ms apart are one decision (issue 21): the neighbour of short jobs is
+resized once when they end together, not at each end (1 -> 2 -> 3 -> 4 GPUs, each middle run
+a few ms long), as the simulator takes the ends of one instant together."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.broker.fakes import in_loop, pump, running_broker
+
+SHORT = {"emulate": True, "model": "resnet-50", "steps": 100, "gpus": 1}  # rigid, 1 GPU
+LONG = {"emulate": True, "model": "inception-v3", "steps": 100_000}  # fastest on 4 GPUs
+
+
+def of_job(h, job: int) -> list:
+    return [r for r in h.launcher.runs if r.request.env.get("MARBLE_JOB_ID") == str(job)]
+
+
+async def answer_suspends(h) -> None:
+    """Play the jobs' part: a run asked to suspend checkpoints and exits at once."""
+    for run in h.launcher.runs:
+        if run.signals[-1:] == ["SIGTSTP"] and not run._exit.done():
+            run.acknowledge(1)
+            run.exit(0)
+    await pump()
+
+
+async def long_job_counts(tmp_path, coalesce_s: float, reshape_window: float = 1.0,
+                          ) -> tuple[list[int], list[str]]:
+    """The GPU counts of the long job's runs when the three 1-GPU jobs beside it end 3 ms
+    apart (on the broker's clock and in real time), and the long job's events."""
+    async with running_broker(tmp_path, policy="adaptive", gpus=4, coalesce_s=coalesce_s,
+                              reshape_window=reshape_window, time_scale=0.001) as h:
+        shorts = [h.submit(**SHORT) for _ in range(3)]
+        long = h.submit(**LONG)
+        await pump()
+        assert [len(r.request.devices) for r in of_job(h, long)] == [1]
+        for job in shorts:
+            await h.clock.advance(0.003)
+            (run,) = of_job(h, job)
+            run.exit(0)
+            await asyncio.sleep(0.003)
+            await answer_suspends(h)
+        for _ in range(10):  # the suspensions and resumptions that follow
+            await asyncio.sleep(0.02)
+            await h.clock.advance(0.003)
+            await answer_suspends(h)
+        return [len(r.request.devices) for r in of_job(h, long)], h.events(long)
+
+
+@in_loop
+async def test_a_job_is_resized_once_when_its_neighbours_end_a_few_ms_apart(tmp_path):
+    counts, events = await long_job_counts(tmp_path, coalesce_s=0.01)
+    assert counts == [1, 4] and "reshape-refused" not in events
+
+
+@in_loop
+async def test_without_the_quiet_period_nor_the_guard_it_is_resized_at_every_end(tmp_path):
+    """The chain the quiet period prevents, so the test above can fail."""
+    counts, _ = await long_job_counts(tmp_path, coalesce_s=0.0, reshape_window=0.0)
+    assert counts == [1, 2, 3, 4]
+
+
+@in_loop
+async def test_a_second_reshape_within_the_window_is_refused_and_logged(tmp_path):
+    counts, events = await long_job_counts(tmp_path, coalesce_s=0.0, reshape_window=1.0)
+    assert counts == [1, 2] and events.count("reshape-refused") == 1
