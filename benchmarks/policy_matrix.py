@@ -4,6 +4,7 @@ adaptive policy compares with the best other policy (issue 13's targets).
     .venv/bin/python benchmarks/policy_matrix.py [--policy P ...] [--workload W ...]
         [--cost LAUNCH/SUSPEND ...] [--processes N] [--json FILE]
     .venv/bin/python benchmarks/policy_matrix.py --decision [--nodes 8] [--queued 1000]
+    .venv/bin/python benchmarks/policy_matrix.py --best-static [--policy P ...] [--cost C ...]
 
 Workloads: paper-jobset1..9 (all jobs at t = 0, one node of the profile) and poisson-s0..s2
 (1000 jobs, 60/h, 4 nodes, `marble simulate --poisson`'s default mix and steps, seed
@@ -11,7 +12,10 @@ Workloads: paper-jobset1..9 (all jobs at t = 0, one node of the profile) and poi
 adaptive policy's ratio to the best other policy (< 1: better; the target is <= 1.03),
 and over all workloads the mean of its per-workload ratios to marble (the target: avg JCT
 <= 0.90, makespan <= 1.00). `--decision` times single decisions of each policy instead:
-its median over the decisions taken while at least `--queued` jobs wait.
+its median over the decisions taken while at least `--queued` jobs wait. `--best-static`
+compares policies with the best static plan (a fixed GPU count per job, FIFO: what a user
+could pick by hand, `marble simulate --best-static`) on paper job sets 1-9, default costs
+0/0 and 10/10 s; the target: adaptive's makespan <= the plan's, its avg JCT below it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from multiprocessing import Pool
 from marbled.core.policy import POLICIES, get_policy
 from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
+from marbled.sim.static_plan import best_static
 from marbled.sim.workloads import from_job_file, poisson
 
 PROFILE = "summit-v100"
@@ -33,6 +38,8 @@ MIX = dict.fromkeys(("resnet-50", "inception-v3", "resnet-101", "vgg-16"), 1.0)
 WORKLOADS = [f"paper-jobset{n}" for n in range(1, 10)] + [f"poisson-s{s}" for s in (0, 1, 2)]
 COSTS = ("5/5", "30/30")
 OURS = "adaptive"
+STATIC_COSTS = ("0/0", "10/10")
+STATIC_POLICIES = (OURS, "marble")
 
 
 def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:
@@ -122,6 +129,53 @@ def matrix(args) -> None:
         print(f"wrote {args.json}")
 
 
+def best_static_cell(args: tuple[str, str, tuple[str, ...]]) -> dict:
+    """The best static plan of a paper job set at a cost, and each policy beside it."""
+    workload, cost, policies = args
+    launch, suspend = (float(x) for x in cost.split("/"))
+    book = load_profile(PROFILE)
+    arrivals, nodes = arrivals_of(workload)
+    plan = best_static(book, arrivals, book.gpus_per_node, nodes, launch, suspend)
+    results = [Simulator(book, get_policy(p), book.gpus_per_node, nodes, launch, suspend)
+               .run(arrivals) for p in policies]
+    return {"workload": workload, "cost": cost, "plan": plan.summary(results),
+            "policies": [r.summary() for r in results]}
+
+
+def static_comparison(args) -> None:
+    policies = tuple(args.policy or STATIC_POLICIES)
+    workloads = [w for w in args.workload or WORKLOADS if w.startswith("paper-")]
+    jobs = [(w, c, policies) for c in args.cost or STATIC_COSTS for w in workloads]
+    t0 = time.perf_counter()
+    if args.processes > 1:
+        with Pool(args.processes) as pool:
+            cells = pool.map(best_static_cell, jobs, chunksize=1)
+    else:
+        cells = [best_static_cell(j) for j in jobs]
+    print("best static plan (GPUs per job, FIFO) against each policy: makespan s / avg JCT s, "
+          "(ratio to the plan)")
+    print(f"{'workload':14}{'cost':>6}  {'plan':<12}{'makespan':>9}{'avg JCT':>9}{'search':>8}"
+          + "".join(f"  {p + ' makespan':>24}{'avg JCT':>17}" for p in policies))
+    behind = 0
+    for c in cells:
+        plan = c["plan"]
+        line = (f"{c['workload']:14}{c['cost']:>6}  {','.join(map(str, plan['counts'])):<12}"
+                f"{plan['makespan_s']:>9.0f}{plan['average_jct_s']:>9.0f}"
+                f"{plan['search_s'] * 1e3:>6.0f}ms")
+        for r, q in zip(c["policies"], plan["policies"], strict=True):
+            line += (f"  {r['makespan_s']:>15.0f} ({q['makespan_ratio']:.3f})"
+                     f"{r['average_jct_s']:>9.0f} ({q['average_jct_ratio']:.3f})")
+            behind += r["policy"] == OURS and q["makespan_ratio"] > 1.001
+        print(line)
+    print(f"\n{OURS} behind the best static plan's makespan (by > 0.1%) in {behind} of "
+          f"{len(cells)} cells; {len(cells)} searches and their simulations in "
+          f"{time.perf_counter() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": PROFILE, "best_static": cells}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
 class Enough(Exception):
     """Enough decisions timed: stops the simulation."""
 
@@ -179,6 +233,8 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
     ap.add_argument("--decision", action="store_true",
                     help="time single decisions instead of the matrix")
+    ap.add_argument("--best-static", action="store_true",
+                    help="compare with the best static plan on the paper job sets instead")
     ap.add_argument("--nodes", type=int, default=8, help="with --decision: nodes x 6 GPUs")
     ap.add_argument("--queued", type=int, default=1000,
                     help="with --decision: time decisions while at least this many wait")
@@ -189,7 +245,10 @@ def main() -> None:
             launch, suspend = (float(x) for x in c.split("/"))
         except ValueError:
             ap.error(f"--cost {c}: give LAUNCH/SUSPEND seconds, e.g. 5/5")
-    decisions(args) if args.decision else matrix(args)
+    if args.best_static:
+        static_comparison(args)
+    else:
+        decisions(args) if args.decision else matrix(args)
 
 
 if __name__ == "__main__":

@@ -46,12 +46,17 @@ from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workl
               help="Seconds from a suspension request to the exit, for every model. "
                    "[default: each model's suspend_s in the profile, else 0]")
 @policy_settings
+@click.option("--best-static", is_flag=True,
+              help="Also search the best static plan (a fixed GPU count per job, run in FIFO "
+                   "order, as `gpus: K` on each job) and print each policy beside it. For "
+                   "small job sets: exhaustive up to 7776 plans, a local search beyond.")
 @click.option("--gantt", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
 @json_option
 @click.pass_context
 def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, seed, profile,
-             nodes, gpus, launch_overhead, suspend_overhead, gantt, as_json, **settings):
+             nodes, gpus, launch_overhead, suspend_overhead, best_static, gantt, as_json,
+             **settings):
     """What would each policy do with a workload? A simulation on the profile's curves.
 
     Runs the same policy code as marbled on a virtual clock and prints, per
@@ -64,9 +69,12 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
       marble simulate --workload paper-jobset3 --gantt jobset3.png
       marble simulate --poisson 1000 --rate 120 --nodes 4 --launch-overhead 5
       marble simulate --workload my-history.csv --nodes 8 --json
+      marble simulate --workload paper-jobset3 --best-static --launch-overhead 10
     """
     from marbled.sim.engine import Simulator
     from marbled.sim.report import comparison_table, gantt_png
+    from marbled.sim.static_plan import PlanError, plan_table
+    from marbled.sim.static_plan import best_static as search_plan
     from marbled.sim.workloads import TraceError, from_job_file, poisson, read_trace
 
     if (workload is None) == (poisson_jobs is None):
@@ -84,10 +92,13 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
                 raise click.BadParameter(f"{unknown or 'none given'}; the profile has "
                                          f"{', '.join(book.models)}", param_hint="--models")
             arrivals = poisson(poisson_jobs, rate, mix, _step_range(step_range), seed)
+        # the plan first: a workload too large for it fails before the simulations
+        plan = search_plan(book, arrivals, per_node, nodes, launch_overhead,
+                           suspend_overhead) if best_static else None
         results = [Simulator(book, make_policy(name, settings), per_node, nodes, launch_overhead,
                              suspend_overhead).run(arrivals)
                    for name in (policies or sorted(POLICIES))]
-    except (ProfileError, JobFileError, TraceError, SpecError, OSError) as exc:
+    except (ProfileError, JobFileError, TraceError, SpecError, PlanError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     if gantt:
         gantt_png(results, gantt)
@@ -98,12 +109,15 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
         click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {gpus_text(per_node)}, profile "
                    f"{book.system}, overheads: {costs}")
         click.echo(comparison_table(results))
+        if plan:
+            click.echo(plan_table(plan, results))
         if gantt:
             click.echo(f"Gantt chart: {gantt}")
 
     output(ctx, as_json, {"nodes": nodes, "gpus_per_node": per_node, "profile": book.system,
                           "results": [r.summary() for r in results],
-                          "gantt": str(gantt) if gantt else None}, text)
+                          "gantt": str(gantt) if gantt else None,
+                          **({"best_static": plan.summary(results)} if plan else {})}, text)
 
 
 def _step_range(text: str) -> tuple[int, int]:
