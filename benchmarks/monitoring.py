@@ -75,7 +75,8 @@ async def _cycle_figures(state_dir: Path, nodes: int, cycles: int) -> dict:
     config = BrokerConfig(
         state_dir=state_dir, nodes={f"n{i}": tuple(map(str, range(6))) for i in range(nodes)},
         book=load_profile(), profile_ref="summit-v100", broker_node="n0",
-        monitor_interval=1.0, prestart="ahead")
+        monitor_interval=1.0, prestart="ahead",
+        coalesce_s=0.0)  # a quiet period after run ends is real time: `pump` would not wait it
     broker = Broker(config, Store(None), launcher, get_policy("marble"), clock)
     broker.recover()
     task = asyncio.get_running_loop().create_task(broker.run())
