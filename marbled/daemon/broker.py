@@ -65,7 +65,7 @@ class Broker:
         self._ending = False  # a run has ended since the last decision (see _coalesce)
         self.coalescing = False  # the loop waits for the ends that come together
         self._reshaped: dict[int, float] = {}  # job -> when the policy last reshaped it
-        self._refused: set[tuple[int, float]] = set()  # (job, that time) refusals logged
+        self._refused: dict[int, float] = {}  # job -> the reshape whose repeat was logged
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._due: Timer | None = None  # the policy's next decision without an event
@@ -141,8 +141,8 @@ class Broker:
         last = self._reshaped.get(action.job) if isinstance(action, Suspend) else None
         if last is None or now - last >= self.config.reshape_window:
             return False
-        if (action.job, last) not in self._refused:
-            self._refused.add((action.job, last))
+        if self._refused.get(action.job) != last:
+            self._refused[action.job] = last
             log.warning("job %d: the policy reshaped it again %.3f s after its last reshape; "
                         "refused (%s)", action.job, now - last, action.reason)
             self.ledger.event("reshape-refused", now, action.job, reason=action.reason,
@@ -208,7 +208,13 @@ class Broker:
         if not self.state.jobs[job_id].state.finished:
             self.state.finished(job_id, state)
         self.runs.standby.drop(job_id)
+        self._forget_reshapes(job_id)
         self.ledger.job_ended(job_id, state, reason, self.clock.time())
+
+    def _forget_reshapes(self, job_id: int) -> None:
+        """An ended job is reshaped no more: the loop guard need not keep it."""
+        self._reshaped.pop(job_id, None)
+        self._refused.pop(job_id, None)
 
     def curve_of(self, job_id: int) -> ThroughputCurve | None:
         """What the book knows of the job's model, on the broker's clock (an emulated job
@@ -243,6 +249,7 @@ class Broker:
             self.state.suspended(ended.job_id)
         else:
             self.state.finished(ended.job_id, ended.outcome)
+            self._forget_reshapes(ended.job_id)
         self.wake()
 
     def _prestart_secondaries(self) -> None:

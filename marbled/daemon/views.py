@@ -100,23 +100,25 @@ class Views:
         if (aim := self._aim(row, job)) is not None:
             view.update(demand=aim.count, want=aim.as_dict())
         live = b.runs.live.get(row.id)
-        if live:
-            progress = b.files.progress(row.id, live.run_id)
-            if "step" in progress:
-                view["step"] = progress["step"]
-        speed = self._speed(row.id, row.steps)
+        progress = b.files.progress(row.id, live.run_id) if live else {}
+        if "step" in progress:
+            view["step"] = progress["step"]
+        speed = self._speed(row.id, row.steps, progress)
         view.update(rate=speed.rate, rate_source=speed.source, finish_at=speed.finish_at,
                     eta_s=speed.eta(b.clock.time()))
         return view
 
-    def _speed(self, job_id: int, steps: int | None) -> Progress:
-        """A running job's speed and end, from its run's last progress report."""
+    def _speed(self, job_id: int, steps: int | None, progress: dict | None = None) -> Progress:
+        """A running job's speed and end, from its run's last progress report (`progress`,
+        when the caller has read it)."""
         b = self.broker
         live, job = b.runs.live.get(job_id), b.state.jobs.get(job_id)
         if not live or job is None or job.placement is None or job.state is not JobState.RUNNING:
             return UNKNOWN
-        return run_progress(b.files.progress(job_id, live.run_id), steps, len(job.gpus),
-                            job.placement.share, job.curve, b.clock.time())
+        if progress is None:
+            progress = b.files.progress(job_id, live.run_id)
+        return run_progress(progress, steps, len(job.gpus), job.placement.share, job.curve,
+                            b.clock.time())
 
     def _aim(self, row, job) -> Target | None:
         """What an unfinished job aims for and why (None for one that has ended)."""
