@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint docs docs-serve clean
+.PHONY: venv demo test lint docs docs-serve clean gpu-wheels
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("marbled needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -21,7 +21,10 @@ demo: venv
 	$(BIN)/marble demo
 
 ## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier
+## (the Slurm tier's pyslurm is built meanwhile, on the core the serial test run leaves free)
 test: venv lint
+	-bash tests/debian-packages.sh libslurm-dev
+	PYTHON=$(BIN)/python bash tests/slurm/pyslurm.sh $(VENV)/pyslurm-22.5 >$(VENV)/pyslurm-build.log 2>&1 &
 	$(BIN)/pytest -q $(if $(TIER),-m "$(TIER)")
 
 lint: venv
@@ -33,6 +36,18 @@ docs: venv
 
 docs-serve: venv
 	$(BIN)/mkdocs serve
+
+## gpu-wheels: .gpuwheels/, the wheels benchmarks/gpu_check.sh installs on a GPU machine with
+## no network (its Python: GPU_PYTHON_VERSION); the packages the broker needs that it lacks
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEELS_PACKAGES ?= SQLAlchemy>=2.0
+gpu-wheels: venv
+	rm -rf .gpuwheels
+	$(BIN)/pip download --quiet --only-binary=:all: --implementation cp \
+	    --python-version $(GPU_PYTHON_VERSION) --platform manylinux2014_x86_64 \
+	    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	    -d .gpuwheels $(foreach p,$(GPU_WHEELS_PACKAGES),'$(p)')
+	du -sh .gpuwheels && ls .gpuwheels
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

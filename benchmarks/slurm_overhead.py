@@ -12,7 +12,20 @@ set 3 (Figure 5). From the broker's SQLite log it prints medians of:
   gap       SIGTSTP asked -> first step of the resumed run (GPUs idle)
   makespan  job set 3 at --time-scale, in profiled seconds
 
+With --readers (alone, in seconds) it compares the two ways marbled reads Slurm
+(`marbled --slurm-api`), pyslurm and the commands, side by side, medians of --repeats:
+
+  discovery  the allocation: nodes, GPUs, CPUs, end time (reader.allocation)
+  end        the allocation's end again, as the broker polls it (reader.end)
+  step gone  `scancel J.S` -> the reader no longer lists the step (polled back to back:
+             pyslurm.jobstep().get() against `scontrol show step`)
+  srun exit  `scancel J.S` -> srun has exited and Slurm's record of the end (state
+             CANCELLED) is read from the step's stderr, which both paths use
+
+pyslurm is taken from the Slurm tier's build (tests/slurm/pyslurm.sh, beside the venv).
+
     .venv/bin/python benchmarks/slurm_overhead.py [--cycles 10] [--time-scale 0.02]
+    .venv/bin/python benchmarks/slurm_overhead.py --readers [--repeats 20]
 """
 
 from __future__ import annotations
@@ -24,10 +37,12 @@ import re
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from marbled.batch.slurm_api import CliReader, PyslurmReader, pyslurm_problem, step_end
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
@@ -46,13 +61,13 @@ def start(state: Path, launcher: str, time_scale: float, env: dict) -> subproces
                         ("--launcher", launcher, "--prestart", "off"), env)
 
 
-def wait(predicate, timeout: float = 120.0):
+def wait(predicate, timeout: float = 120.0, pause: float = 0.02):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(pause)
     raise RuntimeError("timed out")
 
 
@@ -112,11 +127,92 @@ def makespan(client: BrokerClient, scale: float) -> float:
     return (max(r["ended_at"] for r in runs) - min(r["started_at"] for r in runs)) / scale
 
 
+def timed(action) -> float:
+    began = time.perf_counter()
+    action()
+    return time.perf_counter() - began
+
+
+def step_end_times(job: str, gone) -> tuple[float, float, str]:
+    """One step of `job` cancelled: seconds until `gone(step)` holds, until srun has exited
+    with Slurm's record read, and the state that record gives."""
+    with tempfile.NamedTemporaryFile("w+", suffix=".err") as err:
+        name = f"bench-{time.monotonic_ns()}"  # the steps cancelled before may linger
+        srun = subprocess.Popen(["srun", f"--jobid={job}", "--exact", "-n1", "--gpus=1",
+                                 f"--job-name={name}", "sleep", "60"],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        step = wait(lambda: next((line.split()[0] for line in subprocess.run(
+            ["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True,
+            text=True).stdout.splitlines() if line.endswith(f" {name}")), None), 30)
+        time.sleep(0.3)  # its task running: a step cancelled while it starts has no record
+        began = time.perf_counter()
+        subprocess.run(["scancel", step], check=True)
+        wait(lambda: gone(step), 30, 0)
+        seen = time.perf_counter() - began
+        srun.wait(30)
+        end = step_end(Path(err.name).read_text(), step)
+        return seen, time.perf_counter() - began, end["state"] if end else "-"
+
+
+def pyslurm_step_gone(module):
+    def gone(step: str) -> bool:
+        job, _, number = step.partition(".")
+        return int(number) not in module.jobstep().get().get(int(job), {})
+    return gone
+
+
+def cli_step_gone(step: str) -> bool:
+    return subprocess.run(["scontrol", "show", "step", step], capture_output=True,
+                          check=False).returncode != 0
+
+
+def readers(repeats: int) -> None:
+    """pyslurm and the commands side by side: what each read costs, in seconds."""
+    lib = Path(sys.prefix) / "pyslurm-22.5" / "lib"
+    sys.path.insert(0, str(lib))
+    module, why = pyslurm_problem()
+    print(f"pyslurm: {why}")
+    ways = {"cli": (CliReader(), cli_step_gone)}
+    if module is not None:
+        ways = {"pyslurm": (PyslurmReader(module), pyslurm_step_gone(module)), **ways}
+    job = allocate()
+    rows = {}
+    try:
+        for name, (reader, gone) in ways.items():
+            steps = [step_end_times(job, gone) for _ in range(max(3, repeats // 4))]
+            rows[name] = {
+                "discovery": statistics.median(
+                    timed(lambda r=reader: r.allocation(job)) for _ in range(repeats)),
+                "end": statistics.median(
+                    timed(lambda r=reader: r.end(job)) for _ in range(repeats)),
+                "step gone": statistics.median(s[0] for s in steps),
+                "srun exit": statistics.median(s[1] for s in steps),
+                "state": {st: sum(s[2] == st for s in steps) for st in {s[2] for s in steps}}}
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    keys = ("discovery", "end", "step gone", "srun exit")
+    print(f"medians in ms ({repeats} reads, {max(3, repeats // 4)} steps cancelled each)")
+    print(f"{'reader':<9}" + "".join(f"{k:>11}" for k in keys) + "  state")
+    for name, r in rows.items():
+        print(f"{name:<9}" + "".join(f"{r[k] * 1000:>11.2f}" for k in keys)
+              + "  " + ", ".join(f"{st} x{n}" for st, n in sorted(r["state"].items())))
+    if "pyslurm" in rows:
+        print("cli / pyslurm: " + ", ".join(
+            f"{k} {rows['cli'][k] / rows['pyslurm'][k]:.1f}x" for k in keys))
+    print(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--time-scale", type=float, default=0.02)
+    ap.add_argument("--readers", action="store_true",
+                    help="only compare pyslurm and the commands (--slurm-api)")
+    ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
+    if args.readers:
+        readers(args.repeats)
+        return
     rows = {}
     for launcher in ("local", "slurm"):
         job = allocate() if launcher == "slurm" else None

@@ -108,7 +108,8 @@ def summarize(db: Path, size: int) -> dict:
     for old, new in zip(runs, runs[1:], strict=False):
         asked = events.get((old["id"], "suspend-requested"))
         ack = events.get((old["id"], "acknowledged"))
-        new_end = events.get((new["id"], "suspended")) or events.get((new["id"], "cancelled"))
+        new_end = (events.get((new["id"], "suspended")) or events.get((new["id"], "cancelled"))
+                   or events.get((new["id"], "done")))
         phases = (new_end or {}).get("phases") or {}
         if not (asked and ack and all(p in phases for p in ("launch", *PHASES))):
             continue

@@ -24,6 +24,9 @@ EXAMPLES = {
     "tf": Example(
         "train_tf.py", "TensorFlow 2 / Keras 3: the same; a tf.function loop or model.fit",
         "marble submit --model lenet --steps 400 -- python train_tf.py --arch lenet"),
+    "ddp": Example(
+        "train_ddp.py", "PyTorch DDP, one process per GPU: an MLP on synthetic data",
+        "marble submit --steps 2000 --per-gpu -- python train_ddp.py"),
     "sbatch": Example(
         "marble.sbatch", "Slurm batch script: the broker, a job set, the allocation's end",
         "sbatch marble.sbatch jobs.yaml"),

@@ -100,7 +100,8 @@ def as_schema_version_1(path) -> None:
     con = sqlite3.connect(path)
     for column in ("devices", "share"):
         con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    for column in ("nodes", "retries", "failures", "not_before", "max_share", "chdir"):
+    for column in ("nodes", "retries", "failures", "not_before", "max_share", "chdir",
+                   "per_gpu"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("DROP TABLE gpu_samples")
     con.execute("DROP TABLE samples")

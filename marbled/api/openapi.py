@@ -46,6 +46,7 @@ def _one_not_in(test) -> str:
 _UNIT = r"""\\[\s\S]|'[^']*'|"(?:[^"\\]|\\[\s\S])*\""""
 COMMAND_WORDS = rf"""^[ \t\r\n]*(?:[^ \t\r\n'"\\]|{_UNIT})(?:[^'"\\]|{_UNIT})*$"""
 NO_WORDS = r"^[ \t\r\n]*$"
+TORCHRUN_WORD = r"^[ \t\r\n]*([^ \t\r\n'\"\\]*/)?torchrun([ \t\r\n]|$)"
 
 
 def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> dict:
@@ -86,6 +87,10 @@ JOB = {
                  "model": {"type": "string"}, "steps": {"type": "integer"}}}]},
         {"anyOf": [{"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
                    {"required": ["model"], "properties": {"model": {"type": "string"}}}]},
+        {"not": {"title": "torchrun with per_gpu", "required": ["per_gpu", "command"],
+                 "properties": {"per_gpu": {"const": True}, "command": {"anyOf": [
+                     {"type": "string", "pattern": TORCHRUN_WORD},
+                     {"type": "array", "prefixItems": [{"pattern": "(^|/)torchrun$"}]}]}}}},
     ],
     "properties": {
         "command": {"anyOf": [{"type": "null"}, {"type": "string"},
@@ -114,6 +119,11 @@ JOB = {
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
                     "description": "times a failed run is started again from its checkpoint, "
                                    "after a back-off that doubles each time"},
+        "per_gpu": {"type": "boolean", "default": False,
+                    "description": "one process (rank) per GPU of the run, each with RANK, "
+                                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and its "
+                                   "own CUDA_VISIBLE_DEVICES; not with torchrun (or python -m "
+                                   "torch.distributed.run), which starts them itself"},
         "chdir": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\u0000]*$",
                   "description": "the directory the job runs in: absolute, an existing "
                                  "directory on the broker's host (else 400); null: the "

@@ -13,13 +13,21 @@ from __future__ import annotations
 import asyncio
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from marbled.batch.step import rank_file
 from marbled.worker.protocol import read_json
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The allocation as read again while the broker runs (BatchSystem.watch)."""
+
+    end_time: float | None
+    unavailable: dict[str, str]  # node -> why it takes no new runs (its state, e.g. DRAIN)
 
 
 class AllocationError(RuntimeError):
@@ -56,10 +64,16 @@ class LaunchRequest:
     # A multi-node run's further nodes and their devices (the same count on each)
     others: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cwd: Path | None = None  # where the process runs (the job's chdir); None: `run_dir`
+    per_gpu: bool = False  # one process (rank) per GPU of every node (marbled.batch.ranks)
 
     @property
     def workdir(self) -> Path:
         return self.cwd or self.run_dir
+
+    @property
+    def parts(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(node, devices) of every node of the run, its first node first."""
+        return ((self.node, self.devices), *self.others)
 
 
 class RunHandle(Protocol):
@@ -136,6 +150,16 @@ class BatchSystem(ABC):
         """The node the broker runs on; None if it is on none of the allocation's."""
         return allocation.batch_node
 
+    def notes(self) -> list[str]:
+        """What the log says once at start-up about how the allocation was read."""
+        return []
+
+    def watch(self, allocation: Allocation) -> Callable[[], Watched] | None:
+        """What reads the allocation again while the broker runs: its end (a limit moved by
+        staff or the user: `scontrol update TimeLimit=`) and its nodes that take no new runs
+        (DOWN, DRAIN); None where neither can change."""
+        return None
+
     def gpu_source(self, allocation: Allocation) -> str:
         """Where the GPUs came from, for the log and the store."""
         return f"{self.name} job {allocation.job_id}"
@@ -183,6 +207,7 @@ class StepRun(ABC):
     job_id: str  # the allocation's
     nodes: tuple[str, ...] = ()  # several for a multi-node run, in the broker's order
     process: asyncio.subprocess.Process | None = None  # None when adopted after a restart
+    tasks: int = 0  # a per-GPU run's tasks (one per GPU); 0: one per node
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -200,23 +225,32 @@ class StepRun(ABC):
     def signal(self, sig: int) -> bool:
         """Deliver `sig` to the run's task(s); False if the run has ended."""
 
+    def ended_by(self, stderr: str) -> dict | None:
+        """After the exit: how the batch system itself ended the step ({"state", "detail"}),
+        from its record in the step's `stderr`; None if it did not."""
+        return None
+
     async def placement(self, timeout: float = 3600.0) -> dict | None:
         """What the step reported about itself (step id, node, GPUs); None if it never did.
 
-        For a multi-node step: every task's node and GPUs, joined in the run's node order
-        ("n1,n2" and "0,1;2,3"), once every task has reported.
+        For a multi-node or per-GPU step: every task's node and GPUs, joined in the run's
+        node order ("n1,n2" and "0,1;2,3"), once every task has reported.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            infos = [read_json(rank_file(self.info_file, r)) for r in range(len(self.nodes) or 1)]
+            infos = [read_json(rank_file(self.info_file, r))
+                     for r in range(self.tasks or len(self.nodes) or 1)]
             if all(i and i.get("run_id") == self.run_id for i in infos):
                 if len(infos) == 1:
                     return infos[0]
-                by_node = {i["node"]: i["gpus"] for i in infos}
+                by_node: dict[str, list[str]] = {}
+                for i in infos:  # the GPUs of a node's tasks, each once
+                    gpus = by_node.setdefault(i["node"], [])
+                    gpus += [g for g in i["gpus"].split(",") if g and g not in gpus]
                 order = [n for n in self.nodes if n in by_node] or sorted(by_node)
                 return {**infos[0], "node": ",".join(order),
-                        "gpus": ";".join(by_node[n] for n in order)}
+                        "gpus": ";".join(",".join(by_node[n]) for n in order)}
             if not self.alive() or loop.time() > deadline:
                 return None
             await asyncio.sleep(0.02)

@@ -42,6 +42,10 @@
   info file by rank (marbled.batch.step.rank_file); jsrun numbers the tasks in
   JSM_NAMESPACE_RANK (see Lightning's LSFEnvironment), which the shim must read
   for the ranks' files to differ.
+- A per-GPU run (`--per-gpu`): G tasks in each host's resource set, one per GPU, each
+  seeing the set's GPUs (`--tasks_per_rs G`, or G ERF ranks per host), MASTER_ADDR the
+  first host's name, MASTER_PORT free on the broker's host; the step shim turns
+  JSM_NAMESPACE_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE into RANK, WORLD_SIZE, ...
 - The jsrun process is the broker's child; its exit status is the job's, 128+N
   for a task ended by signal N as for srun (marbled.batch.base.exit_code).
 - The environment of jsrun reaches the task (OLCF: `export OMP_NUM_THREADS=16`
@@ -66,6 +70,7 @@ from marbled.batch.base import (
     process_start_time,
 )
 from marbled.batch.local import start_process
+from marbled.batch.ranks import rendezvous_env
 
 log = logging.getLogger("marbled")
 
@@ -77,14 +82,16 @@ PLACEMENTS = ("auto", "rs", "erf")
 
 def jsrun_argv(gpus: int, cpus: int, info_file: Path, command: tuple[str, ...],
                extra: tuple[str, ...] = (), erf_file: Path | None = None,
-               hosts: int = 1) -> list[str]:
+               hosts: int = 1, per_gpu: bool = False) -> list[str]:
     """The jsrun command line of one run: a resource set of `cpus` cores and `gpus` GPUs with
-    one task on each of `hosts` hosts, or the resource sets of `erf_file`."""
+    one task on each of `hosts` hosts, or the resource sets of `erf_file`; with `per_gpu`,
+    `gpus` tasks in each set (one per GPU, every task seeing the set's GPUs)."""
     if erf_file is not None:
         shape = ["--erf_input", str(erf_file)]
     else:
-        shape = ["--nrs", str(hosts), "--tasks_per_rs", "1", "--cpu_per_rs", str(cpus),
-                 "--gpu_per_rs", str(gpus), "--rs_per_host", "1", "--bind", "rs"]
+        shape = ["--nrs", str(hosts), "--tasks_per_rs", str(gpus if per_gpu else 1),
+                 "--cpu_per_rs", str(cpus), "--gpu_per_rs", str(gpus), "--rs_per_host", "1",
+                 "--bind", "rs"]
     return ["jsrun", *shape, *extra,
             sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
 
@@ -158,32 +165,35 @@ class JsrunLauncher(StepLauncher):
             log.warning("jsrun without resource files: JSM picks the host of every run, "
                         "not the broker")
 
-    def erf_for(self, parts: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    def erf_for(self, parts: tuple[tuple[str, tuple[str, ...]], ...], tasks: int = 1) -> str:
         """The Explicit Resource File that puts a run's task r on host parts[r][0] with GPUs
-        parts[r][1], and the cores that go with them."""
+        parts[r][1], and the cores that go with them; `tasks` ranks on each host (per GPU)."""
         sets = []
         for node, devices in parts:
             node_gpus = self.allocation.nodes[node]
             positions = [node_gpus.index(d) for d in devices]
             cores_per_gpu = max(1, self.allocation.cpus.get(node, 1) // max(1, len(node_gpus)))
-            sets.append((node, devices, cpu_threads(positions, cores_per_gpu, self.smt)))
+            sets += [(node, devices, cpu_threads(positions, cores_per_gpu, self.smt))] * tasks
         return erf_text(sets)
 
     async def launch(self, request: LaunchRequest) -> JsrunStep:
         run_id = request.env["MARBLE_RUN_ID"]
-        parts = ((request.node, request.devices), *request.others)
+        parts = request.parts
         nodes = tuple(n for n, _ in parts)
-        info_file = self.fresh_info_file(request, len(nodes))
         gpus = len(request.devices)
+        tasks = len(nodes) * gpus if request.per_gpu else len(nodes)
+        info_file = self.fresh_info_file(request, tasks)
         erf_file = None
         if self.placement == "erf":
             erf_file = request.run_dir / ERF_NAME
-            erf_file.write_text(self.erf_for(parts))
+            erf_file.write_text(self.erf_for(parts, tasks // len(nodes)))
         argv = jsrun_argv(gpus, min(self.cpus_for(n, gpus) for n in nodes), info_file,
-                          request.argv, self.extra_args, erf_file, len(nodes))
+                          request.argv, self.extra_args, erf_file, len(nodes), request.per_gpu)
         env = {**os.environ, **request.env}
         env.pop("CUDA_VISIBLE_DEVICES", None)  # JSM sets it inside the resource set
+        if request.per_gpu:  # the step shim maps JSM_NAMESPACE_RANK... to RANK...
+            env.update(rendezvous_env(nodes[0]))
         proc = await start_process(argv, request, env)
         return JsrunStep(pid=proc.pid, pid_start=process_start_time(proc.pid),
                          info_file=info_file, run_id=run_id, job_id=self.allocation.job_id,
-                         nodes=nodes, process=proc)
+                         nodes=nodes, process=proc, tasks=tasks)

@@ -14,10 +14,12 @@ training process, which catches it, checkpoints and exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from marbled.batch.base import (
     process_start_time,
 )
 from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
+from marbled.batch.ranks import LOCAL_ADDR, descendants, free_ports, rank_envs
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -39,6 +42,31 @@ def signal_group(pgid: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of `pid`'s descendants other than its own group: those of
+    processes that left it, as torchrun's workers do (each in its own session)."""
+    groups: list[int] = []
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            pgid = os.getpgid(child)
+            if pgid != pid and pgid not in groups:
+                groups.append(pgid)
+    return groups
+
+
+def signal_run(pgid: int, sig: int) -> bool:
+    """Send `sig` to a run's process group and to every group its descendants made (found
+    first: a SIGKILL to the leader would orphan them); False if the run's group is gone.
+
+    torchrun starts each worker in its own session: a SIGTSTP to the agent's group never
+    reaches them, and a SIGKILL to it leaves them training (docs/distributed.md)."""
+    others = descendant_groups(pgid)
+    alive = signal_group(pgid, sig)
+    for group in others:
+        signal_group(group, sig)
+    return alive
 
 
 def find_run_process(run_dir: str, run_id: int) -> int | None:
@@ -95,7 +123,7 @@ class LocalRun:
         return await asyncio.shield(self._exit)
 
     def signal(self, sig: int) -> bool:
-        return signal_group(self.pid, sig)
+        return signal_run(self.pid, sig)
 
 
 def watch_exit(process: subprocess.Popen) -> asyncio.Future:
@@ -141,7 +169,7 @@ class AdoptedRun:
         return None  # the exit code of a process that is not our child is not ours to know
 
     def signal(self, sig: int) -> bool:
-        return self.alive() and signal_group(self.pid, sig)
+        return self.alive() and signal_run(self.pid, sig)
 
 
 class LocalLauncher:
@@ -152,10 +180,19 @@ class LocalLauncher:
 
     async def launch(self, request: LaunchRequest) -> LocalRun:
         """Start the run's process. The fork and exec (milliseconds for a broker of some
-        size) and the opening of its logs happen in a worker thread, off the event loop."""
+        size) and the opening of its logs happen in a worker thread, off the event loop.
+
+        A per-GPU run's process is marbled.batch.ranks, which starts one rank per GPU of
+        every node (all on this host, node 0's GPUs first), with MASTER_PORT free here."""
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
+        argv = request.argv
+        if request.per_gpu:
+            world = sum(len(devices) for _, devices in request.parts)
+            ports = free_ports(1 + world if world > 1 else 1)
+            envs = rank_envs(request.parts, LOCAL_ADDR, ports[0], ports[1:] or None)
+            argv = (sys.executable, "-m", "marbled.batch.ranks", json.dumps(envs), *argv)
         proc, start = await asyncio.get_running_loop().run_in_executor(
-            None, _spawn, request.argv, request, env)
+            None, _spawn, argv, request, env)
         return LocalRun(proc, proc.pid, start)
 
 

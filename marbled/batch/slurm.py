@@ -1,9 +1,8 @@
-"""Slurm: the allocation read through its command-line tools, every run a job step.
+"""Slurm: the allocation read through pyslurm or the commands, every run a job step.
 
-The allocation comes from `scontrol show job -d` (and `scontrol show hostnames`
-for compressed node lists), which every Slurm has. pyslurm would be an
-alternative backend, but no pyslurm release on PyPI pairs with Slurm 22.05, so
-the command line is the only backend today.
+The allocation comes from marbled.batch.slurm_api: pyslurm when a pyslurm of the
+running Slurm's version is installed, else `scontrol show job -d` (parsed here, with
+`scontrol show hostnames` for compressed node lists), which every Slurm has.
 
 Every run is a job step on the node and GPU count the policy chose:
 
@@ -11,7 +10,9 @@ Every run is a job step on the node and GPU count the policy chose:
          --chdir DIR python -m marbled.batch.step INFO_FILE <the job's command>
 
 (a job on K nodes: -N K -n K --ntasks-per-node=1 -w N1,...,NK --gpus-per-node=G,
-one task per node, as one step.)
+one task per node, as one step; a per-GPU job: -n K*G --ntasks-per-node=G
+--gpus-per-node=G, one task per GPU, with MASTER_ADDR the first node's NodeAddr and
+MASTER_PORT free on the broker's host, docs/distributed.md.)
 
 - `--exact` and `-c C` keep a step to its own CPUs (without them one step takes
   every CPU of the allocation and steps run one after another); `--gpus K` is
@@ -35,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,10 +48,20 @@ from marbled.batch.base import (
     LaunchRequest,
     StepLauncher,
     StepRun,
+    Watched,
     process_start_time,
 )
 from marbled.batch.local import start_process
-from marbled.batch.step import SLURM_NODE_VAR
+from marbled.batch.ranks import rendezvous_env
+from marbled.batch.slurm_api import (
+    CliReader,
+    SlurmReader,
+    choose_reader,
+    step_end,
+    unavailable,
+)
+from marbled.batch.step import SLURM_NODE_VAR, rank_file
+from marbled.worker.protocol import read_json
 
 JOB_ID_VAR = ALLOCATION_VARS["slurm"]
 STEP_INFO = "slurm-step.json"
@@ -137,27 +148,46 @@ def expand_hostlist(hostlist: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", hostlist]).split()
 
 
-def slurm_allocation(job_id: str | None = None) -> Allocation:
-    """The allocation of `job_id` (default: $SLURM_JOB_ID), read from Slurm."""
+def slurm_allocation(job_id: str | None = None, reader: SlurmReader | None = None) -> Allocation:
+    """The allocation of `job_id` (default: $SLURM_JOB_ID), read from Slurm by `reader`
+    (default: the command line)."""
     job_id = job_id or os.environ.get(JOB_ID_VAR)
     if not job_id:
         raise AllocationError(f"not inside a Slurm allocation (no {JOB_ID_VAR}); "
                               "run marbled from a batch script, salloc, or pass --launcher local")
-    return parse_scontrol_job(_run(["scontrol", "show", "job", "-d", job_id]))
+    return (reader or CliReader()).allocation(job_id)
 
 
 # ------------------------------------------------------------------ runs as job steps
 
 def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: str,
               info_file: Path, command: tuple[str, ...], extra: tuple[str, ...] = (),
-              chdir: Path | None = None) -> list[str]:
-    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs, in `chdir`."""
-    gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
+              chdir: Path | None = None, per_gpu: bool = False) -> list[str]:
+    """One task on each of `nodes`, each with `gpus` GPUs and `cpus` CPUs, in `chdir`; with
+    `per_gpu`, `gpus` tasks on each node, each with its share of `cpus`, all seeing the
+    node's `gpus` GPUs (LOCAL_RANK picks one: --gpus-per-task would hide the others)."""
+    if per_gpu:
+        shape = [f"--ntasks={len(nodes) * gpus}", f"--ntasks-per-node={gpus}",
+                 f"--cpus-per-task={max(1, cpus // gpus)}"]
+        gpu_option = f"--gpus-per-node={gpus}"  # each task sees them all, as torchrun's
+    else:
+        shape = [f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
+        gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
     where = [f"--chdir={chdir}"] if chdir else []
-    return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+    return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}", *shape,
             f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *where, *extra,
             sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
+
+
+def node_address(node: str) -> str:
+    """The address of a node, as Slurm reaches it (NodeAddr), for MASTER_ADDR: node names
+    need not resolve; the name itself if Slurm does not say."""
+    try:
+        text = _run(["scontrol", "show", "node", "-o", node])
+    except AllocationError:
+        return node
+    found = re.search(r"\bNodeAddr=(\S+)", text)
+    return found.group(1) if found else node
 
 
 @dataclass
@@ -173,6 +203,12 @@ class SlurmStep(StepRun):
         if sig:
             self._last = asyncio.get_running_loop().create_task(self._deliver(sig, self._last))
         return True
+
+    def ended_by(self, stderr: str) -> dict | None:
+        info = read_json(rank_file(self.info_file, 0))
+        if not info or info.get("run_id") != self.run_id or not info.get("step_id"):
+            return None  # the step never started
+        return step_end(stderr, f"{self.job_id}.{info['step_id']}")
 
     async def _deliver(self, sig: int, previous: asyncio.Task | None) -> None:
         if previous is not None:
@@ -199,18 +235,21 @@ class SlurmLauncher(StepLauncher):
     async def launch(self, request: LaunchRequest) -> SlurmStep:
         run_id = request.env["MARBLE_RUN_ID"]
         nodes = (request.node, *(n for n, _ in request.others))
-        info_file = self.fresh_info_file(request, len(nodes))
         gpus = len(request.devices)
+        tasks = len(nodes) * gpus if request.per_gpu else len(nodes)
+        info_file = self.fresh_info_file(request, tasks)
         argv = srun_argv(self.allocation.job_id, nodes, gpus,
                          min(self.cpus_for(n, gpus) for n in nodes),
                          f"marble-{request.env.get('MARBLE_JOB_ID', '')}.{run_id}", info_file,
-                         request.argv, self.extra_args, request.workdir)
+                         request.argv, self.extra_args, request.workdir, request.per_gpu)
         env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
         env.update(request.env)
         env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it inside the step
+        if request.per_gpu:  # the step shim maps SLURM_PROCID... to RANK...
+            env.update(rendezvous_env(await asyncio.to_thread(node_address, nodes[0])))
         proc = await start_process(argv, request, env)
         return SlurmStep(proc.pid, process_start_time(proc.pid), info_file, run_id,
-                         self.allocation.job_id, nodes, proc)
+                         self.allocation.job_id, nodes, proc, tasks=tasks)
 
 
 # ------------------------------------------------------------------ the system
@@ -221,8 +260,28 @@ class SlurmSystem(BatchSystem):
     allocation_var = JOB_ID_VAR
     command = "srun"
 
+    def __init__(self, api: str = "auto"):
+        self.api = api  # --slurm-api: the reader is chosen at the first read
+        self.reader: SlurmReader | None = None
+        self.why = ""
+
     def read_allocation(self) -> Allocation:
-        return slurm_allocation()
+        if self.reader is None:
+            self.reader, self.why = choose_reader(self.api)
+        return slurm_allocation(reader=self.reader)
+
+    def notes(self) -> list[str]:
+        return [f"Slurm read through {self.why}"] if self.reader else []
+
+    def watch(self, allocation: Allocation) -> Callable[[], Watched]:
+        reader, nodes = self.reader or CliReader(), list(allocation.gpu_nodes)
+
+        def read() -> Watched:
+            states = reader.node_states(nodes)
+            return Watched(reader.end(allocation.job_id).end_time,
+                           {n: s for n, s in states.items() if unavailable(s)})
+
+        return read
 
     def launcher(self, allocation: Allocation, step_args: tuple[str, ...] = ()) -> SlurmLauncher:
         return SlurmLauncher(allocation, step_args)

@@ -13,6 +13,7 @@ import click
 
 from marbled.batch import LAUNCHERS, choose
 from marbled.batch.base import AllocationError
+from marbled.batch.slurm_api import SLURM_APIS
 from marbled.cli.policy_options import make_policy, policy_settings, policy_summaries
 from marbled.core.learning import Learning
 from marbled.core.policy import POLICIES
@@ -87,6 +88,17 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
 @click.option("--drain-before", type=click.FloatRange(min=0), default=120.0, show_default=True,
               help="Under Slurm or LSF: seconds before the allocation's end at which every job "
                    "is suspended to its checkpoint and the broker stops.")
+@click.option("--slurm-api", type=click.Choice(SLURM_APIS), default="auto", show_default=True,
+              envvar="MARBLE_SLURM_API",
+              help="Under Slurm, how the allocation is read: 'pyslurm' through Slurm's C API "
+                   "(a pyslurm of the running Slurm's version; fails saying why without "
+                   "one), 'cli' through scontrol/squeue, 'auto' pyslurm when it can, else "
+                   "cli. The log says which and why. [env: MARBLE_SLURM_API]")
+@click.option("--allocation-poll", type=click.FloatRange(min=0.1), default=30.0,
+              show_default=True,
+              help="Under Slurm: seconds between reads of the allocation's end time and its "
+                   "nodes' states: a limit moved by 'scontrol update TimeLimit=' moves the "
+                   "drain with it; a node DOWN or DRAIN gets no new runs until it is back.")
 @click.option("--step-arg", "step_args", multiple=True, metavar="ARG",
               help="Extra srun/jsrun option for every run (repeatable), e.g. "
                    "--step-arg=--mem-per-gpu=16G.")
@@ -108,8 +120,8 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
               show_default=True)
 def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start_gpus,
          learn_interval, time_scale, suspend_timeout, kill_timeout, monitor_interval, prestart,
-         launcher, drain_before, step_args, sample_interval, retry_delay, listen, detach,
-         log_level, **settings):
+         launcher, drain_before, slurm_api, allocation_poll, step_args, sample_interval,
+         retry_delay, listen, detach, log_level, **settings):
     """Run the MARBLE broker on the GPUs of this allocation.
 
     marbled keeps a FIFO of training jobs, runs each on the GPU count its
@@ -136,6 +148,11 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start
         profile_path = find_profile(profile)
         book = load_profile(str(profile_path))
         system = choose(launcher, emulated_gpus, emulated_nodes=emulated_nodes)
+        if system.launcher_name == "slurm":
+            system.api = slurm_api
+        elif slurm_api == "pyslurm":
+            raise AllocationError("--slurm-api pyslurm needs the Slurm launcher (inside a "
+                                  f"Slurm allocation); this broker runs {system.name}")
         allocation = system.allocation()
     except (ProfileError, AllocationError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -147,6 +164,8 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start
     log = logging.getLogger("marbled")
     if os.geteuid() == 0:
         log.warning("running as root: jobs will run as root too")
+    for note in system.notes():
+        log.info("%s", note)
     for warning in system.warnings(allocation):
         log.warning("%s", warning)
     config = BrokerConfig(
@@ -155,7 +174,8 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start
         suspend_timeout=suspend_timeout, kill_timeout=kill_timeout,
         monitor_interval=monitor_interval, prestart=prestart if system.prestart else "off",
         broker_node=system.broker_node(allocation, os.environ), end_time=allocation.end_time,
-        drain_before=drain_before, retry_delay=retry_delay, sample_interval=sample_interval,
+        drain_before=drain_before, watch=system.watch(allocation),
+        allocation_poll=allocation_poll, retry_delay=retry_delay, sample_interval=sample_interval,
         learning=Learning(start_gpus=start_gpus) if learn else None,
         learn_interval=learn_interval,
     )

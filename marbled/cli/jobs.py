@@ -30,6 +30,10 @@ from marbled.core.spec import JobSpec, SpecError
 @click.option("--nodes", type=click.IntRange(1), default=None,
               help="Run on this many nodes, --gpus on each, one process per node (as one "
                    "multi-node step under Slurm). [default: 1]")
+@click.option("--per-gpu", is_flag=True,
+              help="Start one process (rank) per GPU, with RANK, WORLD_SIZE, LOCAL_RANK "
+                   "(its GPU), MASTER_ADDR and MASTER_PORT, as torchrun does (PyTorch DDP; "
+                   "docs/distributed.md).")
 @click.option("--retries", type=click.IntRange(0, 100), default=None,
               help="Start the job again (from its checkpoint) after a failure, up to N times, "
                    "waiting marbled's --retry-delay, doubled after each failure. [default: 0]")
@@ -51,8 +55,8 @@ from marbled.core.spec import JobSpec, SpecError
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, new_model, job_file,
-           chdir, as_json, command):
+def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulate, new_model,
+           job_file, chdir, as_json, command):
     """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
 
     The job starts when the FIFO reaches it, in the directory it was submitted
@@ -71,7 +75,7 @@ def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, new_mo
         from marbled.resources import JobFileError, read_job_file  # YAML: only for --file
 
         if command or model or steps or emulate or name or after or nodes or retries \
-                or new_model:
+                or new_model or per_gpu:
             raise click.UsageError(
                 "--file takes every job from the file; give no other job options")
         try:
@@ -94,7 +98,7 @@ def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, new_mo
                                    f"{example or '--gpus 1'} -- python train.py', or --emulate "
                                    "for marbled's emulated job of --model")
         doc = {"model": model, "steps": steps, "name": name, "emulate": emulate, "nodes": nodes,
-               "retries": retries, "new_model": new_model,
+               "retries": retries, "new_model": new_model, "per_gpu": per_gpu,
                "after": [int(a) if a.isdigit() else a for a in after],
                "gpus": int(gpus) if gpus.isdigit() else gpus}
         if command:
@@ -120,7 +124,8 @@ def submit(ctx, model, steps, gpus, nodes, retries, after, name, emulate, new_mo
             how = "auto" if job["malleable"] else "fixed"
             click.echo(f"submitted job {job['id']}"
                        + (f" ({job['name']})" if job["name"] else "")
-                       + f": {gpus_text(job['demand'])} ({how})")
+                       + f": {gpus_text(job['demand'])} ({how}"
+                       + (", one process per GPU)" if job.get("per_gpu") else ")"))
             for note in job.get("notes", ()):
                 click.echo(f"note: job {job['id']}: {note} (say "
                            + ("'new_model: true'" if job_file else "--new-model")
@@ -236,8 +241,8 @@ def show(ctx, ref, as_json):
     def text() -> None:
         want = (job.get("want") or {}).get("text", job["demand"])  # None once it has ended
         for key in ("id", "name", "model", "steps", "state", "role", "node", "gpus", "want",
-                    "gpus_request", "malleable", "step", "suspensions", "after", "command",
-                    "chdir", "exit_code", "reason", "why"):
+                    "gpus_request", "malleable", "per_gpu", "step", "suspensions", "after",
+                    "command", "chdir", "exit_code", "reason", "why"):
             value = want if key == "want" else job.get(key)
             click.echo(f"{key + ':':<14}{'-' if value is None else value}")
         click.echo("runs:")

@@ -195,6 +195,9 @@ class State:
     jobs: dict[int, Job] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # node -> why it takes no new runs (the batch system's state: DOWN, DRAIN); its runs
+        # go on, but none of its GPUs is free to a policy
+        self.unavailable: dict[str, str] = {}
         self._taken: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._shared: dict[tuple[str, int], dict[int, int]] = {}  # GPU -> {job: its share}
         self._waiting: list[int] = []  # ids of waiting jobs, ascending: the FIFO
@@ -224,8 +227,17 @@ class State:
     # -- queries
 
     def free(self, node: str) -> list[int]:
+        if node in self.unavailable:
+            return []
         taken = self._taken[node]
         return [g for g in self.nodes[node].gpus if g not in taken]
+
+    def set_unavailable(self, node: str, why: str | None) -> None:
+        """Take `node` out of service (`why`), or back (None)."""
+        if why:
+            self.unavailable[node] = why
+        else:
+            self.unavailable.pop(node, None)
 
     def waiting(self) -> Iterator[Job]:
         """Jobs waiting for GPUs, in FIFO order."""

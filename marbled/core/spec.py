@@ -45,9 +45,12 @@ class JobSpec:
     # file's directory, see `run_from`), absolute once it reaches the broker.
     chdir: str | None = None
     new_model: bool = False  # the user means a model no profile knows: no note at submit
+    # One process (rank) per GPU of its placement, started by the launcher with the
+    # rendezvous variables (docs/distributed.md); False: one process (per node)
+    per_gpu: bool = False
 
     FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes",
-              "retries", "chdir", "new_model")
+              "retries", "chdir", "new_model", "per_gpu")
 
     @classmethod
     def from_mapping(cls, doc: object) -> JobSpec:
@@ -134,11 +137,19 @@ class JobSpec:
                                   or "\0" in chdir):
             raise SpecError("chdir", f"must be a directory path of 1 to {MAX_PATH} characters")
 
+        per_gpu = doc.get("per_gpu", False)
+        if not isinstance(per_gpu, bool):
+            raise SpecError("per_gpu", "must be true or false")
+        if per_gpu and is_torchrun(command):
+            raise SpecError("per_gpu", "torchrun starts one process per GPU itself: drop "
+                                       "per_gpu (--per-gpu) and keep torchrun, or keep per_gpu "
+                                       "and run the script with python")
+
         if emulate and (model is None or steps is None):
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
         return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries,
-                   chdir, new_model)
+                   chdir, new_model, per_gpu)
 
     def run_from(self, base: str) -> JobSpec:
         """This job with an absolute `chdir`: its own joined to the absolute directory `base`
@@ -158,7 +169,32 @@ class JobSpec:
             "retries": self.retries,
             "chdir": self.chdir,
             "new_model": self.new_model,
+            "per_gpu": self.per_gpu,
         }
+
+
+def is_torchrun(command: tuple[str, ...]) -> bool:
+    """Whether `command` starts torchrun (its script, or `python -m torch.distributed.run`)."""
+    if not command:
+        return False
+    if posixpath.basename(command[0]) == "torchrun":
+        return True
+    return any(a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch")
+               for a, b in zip(command, command[1:], strict=False))
+
+
+RUN_VAR = re.compile(r"\$(?:\{(MARBLE_[A-Z0-9_]+)\}|(MARBLE_[A-Z0-9_]+))")
+
+
+def expand_run_vars(argv: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
+    """`argv` with $MARBLE_X and ${MARBLE_X} replaced by the run's value of MARBLE_X, as in
+    `torchrun --nproc-per-node='$MARBLE_GPUS'`: a job's command is run without a shell, and
+    its GPU count is known only at launch. A variable the run does not have stays as it is."""
+    def value(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        return env.get(name, match.group(0))
+
+    return tuple(RUN_VAR.sub(value, word) if "$" in word else word for word in argv)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from marbled.daemon.gpu_samples import holders
 from marbled.daemon.learner import Learner
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.metrics import BrokerMetrics
+from marbled.daemon.recovery import recover
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
 from marbled.paths import workdir_problem
@@ -54,7 +55,10 @@ class Broker:
         self.files = JobFiles(config.state_dir)
         self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
                      if config.learning and self.state.nodes else config.book)
-        self.learner = Learner(self, self.book) if isinstance(self.book, LearnedBook) else None
+        self.learner = Learner(
+            self.book, self.state, self.specs, self.files, self.ledger, self.clock,
+            config.time_scale, live=lambda: self.runs.live.values(), curve_of=self.curve_of,
+            wake=self.wake) if isinstance(self.book, LearnedBook) else None
         self.runs = Runs(config, launcher, self.ledger, self.files, self.clock, self.state,
                          self.specs, self._spawn, self._launched, self._ended,
                          self.learner.observe if self.learner else lambda live, at: None)
@@ -69,12 +73,15 @@ class Broker:
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._due: Timer | None = None  # the policy's next decision without an event
+        self._end_timer: Timer | None = None  # the drain ahead of the allocation's end
 
     def recover(self) -> None:
         """Rebuild the state from the store; re-adopt runs whose process still lives."""
-        from marbled.daemon.recovery import recover
-
-        recover(self)
+        if self.learner:
+            self.learner.replay(self.store.samples())
+        self.names.update(recover(self.store, self.runs, self.config.nodes, self.add,
+                                  self._expect, self.wake_at))
+        self.wake()
 
     # ------------------------------------------------------------ the loop
 
@@ -169,16 +176,52 @@ class Broker:
 
     def _timers(self) -> None:
         """The periodic and one-off deadlines the broker knows at its start."""
-        end = self.config.end_time
-        if end is not None:
-            self.clock.call_at(end - self.config.drain_before, lambda: self._spawn(
-                self.drain(f"the allocation ends at {time.ctime(end)}")))
+        self._drain_at(self.config.end_time)
+        if self.config.watch is not None:
+            self._every(self.config.allocation_poll, lambda: self._spawn(self._watch()))
         if self.sampler:
             self._every(self.config.sample_interval, self._sample_gpus)
         if self.policy.promotes and self.config.prestart == "ahead":
             self._every(self.config.monitor_interval, self._prestart_secondaries)
         if self.learner:
             self._every(self.config.learn_interval, self.learner.tick)
+
+    def _drain_at(self, end: float | None) -> None:
+        """Drain --drain-before ahead of the allocation's end `end` (None: never)."""
+        if self._end_timer is not None:
+            self._end_timer.cancel()
+            self._end_timer = None
+        if end is not None:
+            self._end_timer = self.clock.call_at(end - self.config.drain_before, lambda: (
+                self._spawn(self.drain(f"the allocation ends at {time.ctime(end)}"))))
+
+    async def _watch(self) -> None:
+        """Read the allocation again: a limit moved (`scontrol update TimeLimit=`) moves the
+        drain with it; a node out of service (DOWN, DRAIN) gets no new runs until it is back."""
+        try:
+            seen = await asyncio.to_thread(self.config.watch)
+        except Exception as exc:  # noqa: BLE001 (Slurm busy or gone: what was read stands)
+            log.debug("could not read the allocation again: %s", exc)
+            return
+        now = self.clock.time()
+        for node in sorted(set(seen.unavailable) | set(self.state.unavailable)):
+            why = seen.unavailable.get(node)
+            if why != self.state.unavailable.get(node):
+                log.warning("node %s: %s", node, f"{why}: no new runs there" if why
+                            else "back in service")
+                self.ledger.event("node-unavailable" if why else "node-available", now,
+                                  node=node, state=why)
+                self.state.set_unavailable(node, why)
+                self.wake()
+        old, end = self.config.end_time, seen.end_time
+        if end == old or self.draining:
+            return
+        self.config.end_time = end
+        log.info("the allocation's end moved: %s -> %s", time.ctime(old) if old else "never",
+                 time.ctime(end) if end is not None else "never (no time limit)")
+        self.ledger.event("allocation-end", now, end_time=end, was=old,
+                          drain_at=None if end is None else end - self.config.drain_before)
+        self._drain_at(end)
 
     def _every(self, interval: float, action) -> None:
         def tick() -> None:
@@ -190,9 +233,12 @@ class Broker:
     # ------------------------------------------------------------ actions
 
     def _start(self, job: Job, action: Start, now: float) -> None:
-        start_step = self.runs.start(action)
-        self.state.expect(job.id, self.expected_end(job.id, now, start_step, len(action.gpus),
-                                                    action.share))
+        self._expect(job.id, now, self.runs.start(action), len(action.gpus), action.share)
+
+    def _expect(self, job_id: int, started_at: float, start_step: int, gpus: int,
+                share: int) -> None:
+        """A run started (or adopted at a restart): the state takes its expected end."""
+        self.state.expect(job_id, self.expected_end(job_id, started_at, start_step, gpus, share))
 
     def _suspend(self, job: Job, reason: str) -> None:
         self.runs.suspend(job, reason)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from marbled.core.learning import Learning
 from marbled.core.profiles import ProfileBook
+
+if TYPE_CHECKING:
+    from marbled.batch.base import Watched
 
 
 @dataclass
@@ -37,6 +42,10 @@ class BrokerConfig:
     # When the allocation ends (Unix time), and how long before it every job is suspended.
     end_time: float | None = None
     drain_before: float = 120.0
+    # What reads the end (it may move: scontrol update TimeLimit=) and the nodes out of
+    # service (DOWN, DRAIN) again, and how often (s)
+    watch: Callable[[], Watched] | None = None
+    allocation_poll: float = 30.0
     # Where a job submitted without a directory (`chdir`) runs: the broker's own working one.
     workdir: Path = field(default_factory=Path.cwd)
     retry_delay: float = 30.0  # before a failed job's first retry; doubles with each failure

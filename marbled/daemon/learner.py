@@ -15,6 +15,7 @@ are `core.target`'s, which `marble curves`, `status` and `explain` show.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from marbled.core.learning import LearnedBook
@@ -30,40 +31,52 @@ from marbled.core.measure import (
 from marbled.core.profiles import model_key
 
 if TYPE_CHECKING:
-    from marbled.daemon.broker import Broker
+    from marbled.core.model import State
+    from marbled.core.profiles import ThroughputCurve
+    from marbled.core.spec import JobSpec
+    from marbled.daemon.clock import Clock
+    from marbled.daemon.ledger import Ledger
     from marbled.daemon.runs import LiveRun
+    from marbled.daemon.workfiles import JobFiles
 
 
 class Learner:
-    def __init__(self, broker: Broker, book: LearnedBook):
-        self.broker, self.book = broker, book
+    """Takes the broker's parts it reads and writes, not the broker: `live` names the runs
+    to sample, `curve_of` a job's curve on the broker's clock, `wake` asks for a decision."""
+
+    def __init__(self, book: LearnedBook, state: State, specs: Mapping[int, JobSpec],
+                 files: JobFiles, ledger: Ledger, clock: Clock, time_scale: float, *,
+                 live: Callable[[], Iterable[LiveRun]],
+                 curve_of: Callable[[int], ThroughputCurve | None], wake: Callable[[], None]):
+        self.book, self.state, self.specs, self.files = book, state, specs, files
+        self.ledger, self.clock, self.time_scale = ledger, clock, time_scale
+        self._live, self._curve_of, self._wake = live, curve_of, wake
         self._last: dict[int, Point] = {}  # run id -> where its last sample ended
         self._started: set[int] = set()  # runs whose start-up is counted
         self._jobs: dict[str, set[int]] = {}  # model key -> its resizable jobs
 
-    def replay(self) -> None:
-        """Learn again what the store holds (at a broker's start)."""
-        for row in self.broker.store.samples():
+    def replay(self, rows: Iterable) -> None:
+        """Learn again the store's `samples` rows (at a broker's start)."""
+        for row in rows:
             self.book.record(row.model, row.kind, row.value, row.gpus)
 
     def track(self, job_id: int) -> None:
         """A job whose count follows what is learned of its model."""
-        spec = self.broker.specs[job_id]
+        spec = self.specs[job_id]
         if spec.model and spec.gpus is None and spec.nodes == 1:
             self._jobs.setdefault(model_key(spec.model), set()).add(job_id)
 
     def tick(self) -> None:
-        for live in list(self.broker.runs.live.values()):
+        for live in list(self._live()):
             self.observe(live, None)
 
     def observe(self, live: LiveRun, ended_at: float | None) -> None:
         """Sample the run's last progress report; `ended_at`: it has just exited."""
-        b = self.broker
-        spec, job = b.specs[live.job_id], b.state.jobs[live.job_id]
+        spec, job = self.specs[live.job_id], self.state.jobs[live.job_id]
         if not spec.model or job.placement is None or job.nodes > 1:
             return
-        progress = b.files.progress(live.job_id, live.run_id)
-        scale = b.config.time_scale if spec.emulate else 1.0
+        progress = self.files.progress(live.job_id, live.run_id)
+        scale = self.time_scale if spec.emulate else 1.0
         samples: list[Sample] = []
         if live.run_id not in self._started and (first := startup(progress, scale)):
             self._started.add(live.run_id)
@@ -83,13 +96,12 @@ class Learner:
             self._learn(spec.model, live, samples)
 
     def _learn(self, model: str, live: LiveRun, samples: list[Sample]) -> None:
-        b = self.broker
-        b.ledger.samples(model, live.job_id, live.run_id, samples, b.clock.time())
+        self.ledger.samples(model, live.job_id, live.run_id, samples, self.clock.time())
         for s in samples:
             if s.kind != "throughput" or s.share == 1:  # shared runs: the profile's figures
                 self.book.record(model, s.kind, s.value, s.gpus)
-        aim = self.book.target(model, b.state.max_node_size)
+        aim = self.book.target(model, self.state.max_node_size)
         for job_id in self._jobs.get(model_key(model), ()):
-            if not b.state.jobs[job_id].state.finished:
-                b.state.resize(job_id, aim.count, b.curve_of(job_id), aim.move)
-        b.wake()
+            if not self.state.jobs[job_id].state.finished:
+                self.state.resize(job_id, aim.count, self._curve_of(job_id), aim.move)
+        self._wake()

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from marbled.batch.base import LaunchRequest
-from marbled.core.spec import JobSpec
+from marbled.batch.step import PER_GPU_VAR
+from marbled.core.spec import JobSpec, expand_run_vars
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.workfiles import LOG_STREAMS, JobFiles
 
@@ -28,13 +29,16 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
     if spec.emulate:
         env["MARBLE_PROFILE"] = config.profile_ref
         env["MARBLE_TIME_SCALE"] = repr(config.time_scale)
-    argv = spec.command or (sys.executable, "-m", "marbled.worker.emulate")
+    if spec.per_gpu:
+        env[PER_GPU_VAR] = "1"
+    # no shell runs the command: its $MARBLE_GPUS (torchrun --nproc-per-node) is read here
+    argv = expand_run_vars(spec.command, env) or (sys.executable, "-m", "marbled.worker.emulate")
     run_id = run_env.get("MARBLE_RUN_ID")  # none yet for a prestarted process
     out, err = (files.log(job_id, int(run_id), s) if run_id else files.standby_log(job_id, s)
                 for s in LOG_STREAMS)
     # it runs where it was submitted from (a job of an older broker: in its own directory)
     return LaunchRequest(tuple(argv), env, node, devices, jdir, out,
-                         err, cwd=Path(spec.chdir) if spec.chdir else None)
+                         err, cwd=Path(spec.chdir) if spec.chdir else None, per_gpu=spec.per_gpu)
 
 
 def start_failure(request: LaunchRequest, exc: OSError) -> str:

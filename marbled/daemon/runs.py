@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 
 from marbled.batch.base import Launcher, RunHandle
+from marbled.batch.ranks import read_rank_failure
 from marbled.core.failures import memory_cause
 from marbled.core.model import Job, JobState, Start, State
 from marbled.core.outcome import RunEnd, run_outcome
@@ -161,8 +162,10 @@ class Runs:
 
     def prestart(self, job: Job, once_training: bool = False) -> None:
         """Start the process of the job's next run now, on no GPU, waiting for its go file."""
+        # a per-GPU run's ranks are known only with its GPUs: not started ahead
         if self.config.prestart == "off" or job.id in self.standby or not job.placement \
-                or not self.files.waits_for_go(job.id, once_training):
+                or self.specs[job.id].per_gpu or not self.files.waits_for_go(job.id,
+                                                                             once_training):
             return
         go = self.files.go_file(job.id)
         self.files.clear_standby_logs(job.id)
@@ -318,7 +321,16 @@ class Runs:
         if progress.get("phases"):
             extra["phases"] = progress["phases"]
         why, retry_at = end.why, None
+        ended_by = getattr(live.handle, "ended_by", None)
+        said = (ended_by(self.files.stderr_tail(live.job_id, live.run_id))
+                if ended_by and end.outcome is not JobState.DONE else None)
+        if said:  # the batch system ended it (scancel, time limit, OOM): its words
+            why, extra["ended_by"] = f"{why}: {said['detail']}", said
         if end.outcome is JobState.FAILED:
+            failure = read_rank_failure(self.files.dir(live.job_id), live.run_id)
+            if failure:  # one rank of a per-GPU run failed: the others were stopped
+                why = f"rank {failure['rank']} of {failure['world']} {why}"
+                extra["rank"] = failure["rank"]
             extra["stderr_tail"] = self.files.stderr_tail(live.job_id, live.run_id)
             cause = memory_cause(extra["stderr_tail"])
             if cause:

@@ -94,6 +94,7 @@ class Views:
             "command": row.command, "emulate": row.emulate,
             # where it runs; a job of an older broker runs in its own directory
             "chdir": row.chdir or str(b.files.dir(row.id)),
+            "per_gpu": bool(row.per_gpu),
             "submitted_at": row.submitted_at, "started_at": row.started_at,
             "finished_at": row.finished_at, "exit_code": row.exit_code, "reason": row.reason,
         }

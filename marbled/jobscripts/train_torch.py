@@ -1,16 +1,17 @@
 """A suspendable PyTorch training job on synthetic data (LeNet-5 or a small ResNet).
 
 Runs under marbled (checkpoints in MARBLE_CHECKPOINT_DIR, target steps from
-MARBLE_TARGET_STEPS) or alone (checkpoints in ./marble-checkpoint). Torch runs on
-the CPU; CUDA_VISIBLE_DEVICES is only counted and reported (on a machine without
-GPUs the broker hands out emulated GPU ids). All it adds for marbled is one object
-and one loop (`Suspendable`, `run.steps()`). The model is built on the CPU before
-`Suspendable(...)`, so the broker may prestart it: the next run's process imports
-torch and builds while the previous run checkpoints, then waits for its GPUs there.
+MARBLE_TARGET_STEPS) or alone (checkpoints in ./marble-checkpoint). It trains on
+the first GPU of CUDA_VISIBLE_DEVICES where CUDA sees one, else on the CPU (on a
+machine without GPUs the broker hands out emulated GPU ids, only counted and
+reported). All it adds for marbled is one object and one loop (`Suspendable`,
+`run.steps()`). The model is built on the CPU before `Suspendable(...)`, so the
+broker may prestart it: the next run's process imports torch and builds while the
+previous run checkpoints, then waits for its GPUs there, and moves to its GPU after.
 
 The batch of global step s is a pure function of (seed, s), so no data-loader state
-needs checkpointing, and a suspended and resumed run computes the same losses as an
-uninterrupted one with the same thread count (--threads), bit for bit. Labels are
+needs checkpointing, and on the CPU a suspended and resumed run computes the same losses
+as an uninterrupted one with the same thread count (--threads), bit for bit. Labels are
 learnable: each class has a fixed, smooth random prototype image (7x7 noise,
 upsampled) and a sample is its class's prototype plus pixel noise of the same strength.
 
@@ -37,7 +38,7 @@ NOISE = 1.0  # std of the per-pixel noise around the class prototype (whose std 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="train_torch",
-        description="Suspendable PyTorch training on synthetic data (CPU).")
+        description="Suspendable PyTorch training on synthetic data (a GPU, else the CPU).")
     p.add_argument("--arch", choices=sorted(INPUT_SHAPE), default="lenet")
     p.add_argument("--steps", type=int, default=None,
                    help="steps in all, across suspensions (default: MARBLE_TARGET_STEPS, "
@@ -158,6 +159,18 @@ def visible_devices() -> int:
     return len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
 
 
+def to_training_device(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.device:
+    """The run's first GPU where CUDA sees one, else the CPU. Only after Suspendable(...):
+    a prestarted process learns its GPUs there, and the restore loaded onto the CPU."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    for state in optimizer.state.values():  # Adam's moments, restored on the CPU
+        for key, value in state.items():
+            if torch.is_tensor(value) and key != "step":  # Adam keeps its step on the CPU
+                state[key] = value.to(device)
+    return device
+
+
 def train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -173,15 +186,18 @@ def train(args: argparse.Namespace) -> int:
                       fast_exit=args.fast_exit)
     if args.report_interval is not None:
         run.protocol.report_interval = args.report_interval
+    device = to_training_device(model, optimizer)
+    where = (f"GPU {torch.cuda.get_device_name(device)} ({device})" if device.type == "cuda"
+             else f"the CPU with {torch.get_num_threads()} threads")
     print(f"train_torch: CUDA_VISIBLE_DEVICES lists {visible_devices()} device(s) "
-          "(emulated GPU ids where there are no GPUs); torch runs on the CPU with "
-          f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
+          f"(emulated GPU ids where there are no GPUs); training on {where}",
+          file=sys.stderr, flush=True)
 
     log = open(args.loss_log, "a", buffering=1) if args.loss_log else None  # noqa: SIM115
     loss = None
     model.train()
     for step in run.steps():  # suspends between two steps when the broker asks
-        x, y = data(step)
+        x, y = (t.to(device) for t in data(step))
         optimizer.zero_grad(set_to_none=True)
         batch_loss = loss_fn(model(x), y)
         batch_loss.backward()

@@ -1,80 +1,30 @@
-"""The best static plan: the GPU counts a user could pick by hand (`gpus: K` on each job),
-searched over every assignment of a small job set, the jobs run in FIFO order as `rigid`
-runs them. The yardstick of issue 21: a policy should never be behind such a plan.
+"""The best static plan of a job set: the GPU counts a user could pick by hand (`gpus: K`
+on each job), the jobs run in FIFO order as `rigid` runs them. The yardstick of issue 21:
+a policy should never be behind such a plan.
 
-Plans are ranked by a closed form of `rigid`'s schedule (strict FIFO: a job starts at the
-first moment, no earlier than the job before it, when a node has its count free; nothing
-is ever suspended), about 50 times faster than a simulation; the best plan's
-figures are then those of the simulator itself (`Simulator` with `rigid`), so what is
-reported is what `marble simulate` gives for that plan. Exhaustive up to `bound` plans,
-beyond it a local search (one or two jobs' counts changed at a time) from the profile
-optima and from every uniform count, with seeded kicks while its budget lasts.
+The schedule's closed form and the search are pure (`marbled.core.static_plan`, which the
+adaptive policy's look-ahead also uses); here a job set becomes the search's jobs (each
+job's run time on every count its curve allows), and the best plan's figures are those of
+the simulator itself (`Simulator` with `rigid`), so what is reported is what
+`marble simulate` gives for that plan.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
-import random
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from marbled.core.policy import get_policy
 from marbled.core.profiles import ProfileBook
+from marbled.core.static_plan import EXHAUSTIVE_PLANS, Plan, Search, StaticJob, search
 from marbled.sim.engine import SimResult, Simulator, _cost
 from marbled.sim.workloads import Arrival
 
-EXHAUSTIVE_PLANS = 6 ** 5  # a paper job set of 5 jobs on 6 GPUs, every count
-LOCAL_PLANS = 20_000  # plans a local search may try: about 2 s for 50 jobs
 MAX_JOBS = 50  # a static plan of a small job set, not a cluster's history
 
 
 class PlanError(ValueError):
     """A workload the search cannot plan; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class StaticJob:
-    """What the search needs of a job: when it arrives and how long it runs (launch cost
-    included) on each count it may run on."""
-
-    at: float
-    seconds: dict[int, float]  # GPU count -> run time
-
-
-@dataclass(frozen=True)
-class Plan:
-    counts: tuple[int, ...]  # GPUs per job, in FIFO order
-    makespan: float
-    average_jct: float
-
-
-@dataclass(frozen=True)
-class Search:
-    best: Plan
-    method: str  # 'exhaustive' or 'local'
-    plans_tried: int
-    plans_in_space: int
-    seconds: float
-    note: str | None = None  # why the search is not exhaustive
-
-    def summary(self, results: Sequence[SimResult] = ()) -> dict:
-        """The plan, how it was found, and each policy's ratio to it (< 1: better)."""
-        return {"counts": list(self.best.counts), "makespan_s": self.best.makespan,
-                "average_jct_s": self.best.average_jct, "search": self.method,
-                "plans_tried": self.plans_tried, "plans_in_space": self.plans_in_space,
-                "search_s": self.seconds, "note": self.note,
-                "policies": [{"policy": r.policy, **self.ratios(r)} for r in results]}
-
-    def ratios(self, result: SimResult) -> dict:
-        return {"makespan_ratio": _ratio(result.makespan, self.best.makespan),
-                "average_jct_ratio": _ratio(result.average_jct, self.best.average_jct)}
-
-
-def _ratio(x: float, plan: float) -> float:
-    return x / plan if plan else 1.0
 
 
 def plan_table(found: Search, results: Sequence[SimResult]) -> str:
@@ -93,38 +43,6 @@ def plan_table(found: Search, results: Sequence[SimResult]) -> str:
         lines.append(f"  {r.policy:<11}{q['makespan_ratio']:>16.3f}"
                      f"{q['average_jct_ratio']:>16.3f}")
     return "\n".join(lines)
-
-
-def fifo_plan(jobs: Sequence[StaticJob], counts: Sequence[int], gpus_per_node: int,
-              nodes: int = 1) -> tuple[float, float]:
-    """(makespan, average JCT) of `counts` run as `rigid` runs explicit counts: in order,
-    each job at the first event time >= its arrival and the previous job's start at which
-    the first node (in node order) with `count` free GPUs has them."""
-    free = [gpus_per_node] * nodes
-    running: list[tuple[float, int, int]] = []  # (end, node, gpus), a heap
-    last_start, total_jct, makespan = 0.0, 0.0, 0.0
-    for job, k in zip(jobs, counts, strict=True):
-        t = max(last_start, job.at)
-        _release(running, free, t)
-        node = next((n for n in range(nodes) if free[n] >= k), None)
-        while node is None:  # strict FIFO: wait for the next end (ends at one instant together)
-            t = running[0][0]
-            _release(running, free, t)
-            node = next((n for n in range(nodes) if free[n] >= k), None)
-        end = t + job.seconds[k]
-        free[node] -= k
-        heapq.heappush(running, (end, node, k))
-        last_start = t
-        total_jct += end - job.at
-        makespan = max(makespan, end)
-    return makespan, total_jct / len(jobs) if jobs else 0.0
-
-
-def _release(running: list[tuple[float, int, int]], free: list[int], t: float) -> None:
-    """Every run that ends by `t` gives its GPUs back."""
-    while running and running[0][0] <= t:
-        _, n, g = heapq.heappop(running)
-        free[n] += g
 
 
 def static_jobs(book: ProfileBook, arrivals: Sequence[Arrival], gpus_per_node: int,
@@ -153,82 +71,6 @@ def static_jobs(book: ProfileBook, arrivals: Sequence[Arrival], gpus_per_node: i
                             "GPUs in its profile")
         out.append(StaticJob(a.at, seconds))
     return out
-
-
-def search(jobs: Sequence[StaticJob], gpus_per_node: int, nodes: int = 1, *,
-           bound: int = EXHAUSTIVE_PLANS, budget: int | None = None,
-           starts: Sequence[Sequence[int]] = ()) -> Search:
-    """The plan of least makespan, ties by average JCT (then the smaller counts first):
-    every plan when there are at most `bound`, else a local search of at most `budget`
-    plans from `starts` and from every uniform count (a count a job cannot run on is
-    replaced by its nearest)."""
-    t0 = time.perf_counter()
-    budget = LOCAL_PLANS if budget is None else budget
-    options = [sorted(j.seconds) for j in jobs]
-    space = math.prod(len(o) for o in options)
-    tried = 0
-
-    def more() -> bool:
-        return tried < budget
-
-    def score(counts: tuple[int, ...]) -> tuple[float, float, tuple[int, ...]]:
-        nonlocal tried
-        tried += 1
-        return (*fifo_plan(jobs, counts, gpus_per_node, nodes), counts)
-
-    if space <= bound:
-        best = min(score(c) for c in itertools.product(*options))
-        method, note = "exhaustive", None
-    else:
-        method = "local"
-        note = (f"{space} plans is more than the exhaustive bound of {bound}: a local "
-                "search (one or two jobs' counts changed at a time, from the profile optima "
-                "and every uniform count, then from the best plan kicked) found this plan")
-        seeds = {tuple(_nearest(o, c) for o, c in zip(options, s, strict=True)) for s in starts}
-        seeds |= {tuple(_nearest(o, k) for o in options) for k in range(1, gpus_per_node + 1)}
-        best = min(_descend(score(s), options, score, more) for s in sorted(seeds))
-        # Makespan is a maximum: one job's change rarely moves it, so descent stops on
-        # plateaus. Kick the best plan (a few jobs' counts redrawn) and descend again, while
-        # the budget lasts; seeded, so a job set always gets the same plan.
-        rng = random.Random(0)
-        while more():
-            kicked = list(best[2])
-            for i in rng.sample(range(len(options)), min(3, len(options))):
-                kicked[i] = rng.choice(options[i])
-            best = min(best, _descend(score(tuple(kicked)), options, score, more))
-    makespan, jct, counts = best
-    return Search(Plan(counts, makespan, jct), method, tried, space,
-                  time.perf_counter() - t0, note)
-
-
-def _nearest(options: list[int], count: int) -> int:
-    return min(options, key=lambda k: (abs(k - count), k))
-
-
-def _descend(best, options, score, more):
-    """Change one job's count at a time, else two jobs' at once, while that improves the
-    plan (two at once: the job that ends last often gains only if another gives up GPUs)
-    and `more()` plans may be tried."""
-    n = len(options)
-    while True:
-        for moves in (((i,) for i in range(n)), itertools.combinations(range(n), 2)):
-            better = None
-            for jobs in moves:
-                for ks in itertools.product(*(options[i] for i in jobs)):
-                    counts = list(best[2])
-                    for i, k in zip(jobs, ks, strict=True):
-                        counts[i] = k
-                    if tuple(counts) == best[2]:
-                        continue
-                    if not more():
-                        return best
-                    trial = score(tuple(counts))
-                    if trial < best:
-                        best = better = trial
-            if better:
-                break
-        else:
-            return best
 
 
 def best_static(book: ProfileBook, arrivals: Sequence[Arrival], gpus_per_node: int,

@@ -32,7 +32,7 @@ from sqlalchemy.pool import StaticPool
 
 from marbled.core.spec import JobSpec
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -48,6 +48,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # the directory a job runs in; NULL for the jobs of older brokers, which ran in their
     # own directory under the state directory (and still do)
     6: ("ALTER TABLE jobs ADD COLUMN chdir VARCHAR",),
+    # one process per GPU (ranks started by the launcher); the jobs of older brokers: one
+    7: ("ALTER TABLE jobs ADD COLUMN per_gpu BOOLEAN NOT NULL DEFAULT 0",),
 }
 
 
@@ -85,6 +87,7 @@ class JobRow(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(String)
     chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
+    per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
 
 class RunRow(Base):
@@ -158,7 +161,8 @@ class MetaRow(Base):
 JOB_RECORD_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
-    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir")
+    "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir",
+    "per_gpu")
 JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
 
 
@@ -278,7 +282,8 @@ def job_spec(row) -> JobSpec:
     """The submission a `jobs` row records (any object with the columns as attributes)."""
     return JobSpec(command=tuple(row.command or ()), emulate=bool(row.emulate), model=row.model,
                    steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
-                   name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir)
+                   name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir,
+                   per_gpu=bool(row.per_gpu))
 
 
 def placement_columns(parts) -> tuple[str, str]:

@@ -50,7 +50,7 @@ class StepLoop:
         self.step = self.start = self.restore()
         self.protocol.restored(self.step)  # the broker learns where this run began
         self.target = steps if steps is not None else self.protocol.target_steps
-        if self.protocol.suspend_requested:  # asked while the job was starting up
+        if self.suspend_agreed():  # asked while the job was starting up
             self.checkpoint_and_exit()
 
     # -- the checkpoint's part
@@ -84,7 +84,15 @@ class StepLoop:
         self.step += 1
         if self.every and self.step % self.every == 0:
             self.save(self.step)
-        self.protocol.step_finished(self.step, self.save, self.saved_step, self.fast_exit)
+        self.protocol.mark("first_step")
+        self.protocol.report(self.step)
+        if self.suspend_agreed():
+            self.checkpoint_and_exit()
+
+    def suspend_agreed(self) -> bool:
+        """Whether to suspend at this boundary: the broker asked. A job of several processes
+        overrides it so that every process stops at the same step (torch DDP)."""
+        return self.protocol.suspend_requested
 
     def checkpoint_and_exit(self) -> None:
         """Suspend now: save the step (unless saved), acknowledge, exit."""

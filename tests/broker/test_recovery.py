@@ -5,10 +5,15 @@ tests/integration/test_fault_injection.py does the same with real brokers killed
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
+
+import pytest
 
 from marbled.core.model import JobState
 from marbled.core.outcome import RECOVERED
+from marbled.daemon import learner, recovery
 from marbled.store.db import Store
 from tests.broker.fakes import FakeLauncher, in_loop, pump, running_broker
 
@@ -105,3 +110,16 @@ async def test_a_run_on_a_node_that_left_is_settled_from_its_files(tmp_path):
         assert (only.end_reason, only.end_step) == ("done", 1000)
         assert reason(h, job) == (f"{RECOVERED}: done (its last report: step 1000); node gone "
                                   "left with its allocation")
+
+
+@pytest.mark.parametrize("module", [learner, recovery], ids=lambda m: m.__name__)
+def test_the_learner_and_recovery_take_the_brokers_parts_not_the_broker(module):
+    """The broker imports them: neither imports it back, not even for type hints."""
+    imported = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    assert "marbled.daemon.runs" in imported  # the walk sees imports under TYPE_CHECKING
+    assert not {m for m in imported if m.startswith("marbled.daemon.broker")}

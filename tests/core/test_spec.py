@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marbled.core.spec import JobSpec, SpecError, size_job
+from marbled.core.spec import JobSpec, SpecError, expand_run_vars, size_job
 from marbled.resources import JobFileError, load_job_file, load_profile
 
 
@@ -153,10 +153,33 @@ def test_run_from_makes_the_directory_absolute(chdir, base, expected):
 
 def test_to_mapping_round_trips():
     s = spec(command=["a", "b"], model="vgg-16", steps=9, gpus=2, after=[1, "x"], name="n",
-             chdir="/tmp")
+             chdir="/tmp", per_gpu=True)
     assert JobSpec.from_mapping(s.to_mapping()) == s
     s2 = emulated()
     assert JobSpec.from_mapping(s2.to_mapping()) == s2
+
+
+def test_per_gpu_is_a_flag():
+    assert spec(command=["python", "train.py"], per_gpu=True).per_gpu is True
+    assert spec(command=["python", "train.py"]).per_gpu is False
+    error = spec_error({"command": "python t.py", "per_gpu": "yes"})
+    assert (error.field, error.message) == ("per_gpu", "must be true or false")
+
+
+@pytest.mark.parametrize("command", ["torchrun --standalone t.py", "/opt/bin/torchrun t.py",
+                                     "python -m torch.distributed.run t.py"])
+def test_per_gpu_refuses_torchrun_which_starts_the_ranks_itself(command):
+    error = spec_error({"command": command, "per_gpu": True})
+    assert error.field == "per_gpu"
+    assert "torchrun starts one process per GPU itself" in error.message
+    assert spec(command=command).command[-1] == "t.py"  # without per_gpu: fine
+
+
+def test_the_runs_variables_are_put_into_the_command():
+    env = {"MARBLE_GPUS": "3", "MARBLE_JOB_ID": "7"}
+    assert expand_run_vars(("torchrun", "--nproc-per-node=$MARBLE_GPUS", "${MARBLE_JOB_ID}.py",
+                            "$HOME", "$MARBLE_NOT_SET", "$$"), env) == \
+        ("torchrun", "--nproc-per-node=3", "7.py", "$HOME", "$MARBLE_NOT_SET", "$$")
 
 
 # ---------------------------------------------------------------- size_job

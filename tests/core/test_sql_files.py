@@ -62,19 +62,21 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
     assert (run.share, store.jobs()[0].max_share) == (1, 1)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "6"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "7"
     assert store.gpu_samples() == []  # the table of version 3 exists
     assert store.samples() == []  # ... and that of version 5
     store.close()
-    assert migrate(path) == 6  # nothing left to do
+    assert migrate(path) == 7  # nothing left to do
 
 
 def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
     """Version 6 records where each job runs; a job of an older broker has none (NULL) and
-    keeps running in its own directory under the state directory."""
+    keeps running in its own directory under the state directory. Version 7 records whether
+    a job runs one process per GPU: an older job ran one process, and still does."""
     path = tmp_path / "marble.db"
     Store(path).close()
     assert _migrated(path, "ALTER TABLE jobs DROP COLUMN chdir",
+                     "ALTER TABLE jobs DROP COLUMN per_gpu",
                      "UPDATE meta SET value = '5' WHERE key = 'schema_version'",
                      "INSERT INTO jobs (id, demand, malleable, command, emulate, after, state,"
                      " step, suspensions, submitted_at) VALUES (1, 1, 1, '[\"python\","
@@ -82,8 +84,9 @@ def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
     store = Store(path)
     (job,) = store.jobs()
     assert (job.chdir, job.step, job_spec(job).chdir) == (None, 7, None)
+    assert (job.per_gpu, job_spec(job).per_gpu) == (False, False)
     (record,) = store.job_page()
-    assert (record.chdir, record.reason) == (None, None)
+    assert (record.chdir, record.reason, record.per_gpu) == (None, None, 0)
     store.close()
 
 

@@ -17,7 +17,8 @@ SHORT = {"model": "resnet-50", "steps": 400, "emulate": True}
 def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grown(
         daemon_factory):
     # --no-learn: the sizes come from the profile alone, as the simulator predicts them
-    # (summit-v100: alone 4 GPUs; behind five jobs 1 GPU, then 4 once they are done).
+    # (summit-v100: alone 4 GPUs; behind five short jobs 2 GPUs -- they run three at a time
+    # on 2 each, the best static plan's counts -- then 4 once they are done).
     daemon = daemon_factory("--policy", "adaptive", "--no-learn")
     daemon.submit(LONG)
     daemon.wait_all(timeout=60)
@@ -28,18 +29,26 @@ def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grow
     runs = runs_by_job(daemon)
     assert [r["gpu_count"] for r in runs[1]] == [4]  # alone: its fastest count
     for short in range(2, 7):
-        assert [r["gpu_count"] for r in runs[short]] == [1]
+        # On 2 each, as simulated. Here the first three end some 20-40 ms apart (the
+        # simulator: at one instant, and the daemon takes ends within 10 ms as one), so a
+        # short job may start on the 1 GPU the first end frees and grow to 2 at the next:
+        # it ends on 2, from its checkpoint.
+        counts = [r["gpu_count"] for r in runs[short]]
+        assert counts[-1] == 2 and counts == sorted(counts) and len(counts) <= 2, counts
+        for before, after in zip(runs[short], runs[short][1:], strict=False):
+            assert before["end_step"] == after["start_step"]
     queued = runs[7]
     counts = [r["gpu_count"] for r in queued]
-    # One GPU each; grown as the short jobs end (they end a few ms apart here, so it may
-    # grow in steps, 1 -> 2 -> 4, where the simulator sees them end together: 1 -> 4).
-    assert counts[0] == 1 and counts[-1] == 4 and counts == sorted(counts), counts
+    # Two GPUs beside the last short jobs; grown as they end (a few ms apart here, so it may
+    # grow in steps, where the simulator sees them end together: 2 -> 4).
+    assert counts[0] == 2 and counts[-1] == 4 and counts == sorted(counts), counts
     assert [r["end_reason"] for r in queued] == ["suspended"] * (len(queued) - 1) + ["done"]
     for before, after in zip(queued, queued[1:], strict=False):
-        assert 0 < before["end_step"] == after["start_step"] < 3000  # from its checkpoint
+        assert before["end_step"] == after["start_step"] < 3000  # from its checkpoint
+    assert queued[-1]["start_step"] > 0
     acks = daemon.query("SELECT run_id FROM events WHERE kind = 'acknowledged' AND job_id = 7")
     assert [a["run_id"] for a in acks] == [r["id"] for r in queued[:-1]]
     why = daemon.query("SELECT data FROM events WHERE kind = 'suspend-requested' AND job_id = 7")
     assert len(why) == len(queued) - 1
-    assert "adaptive: 1 -> " in why[0]["data"] and "to grow into idle GPUs" in why[0]["data"]
+    assert "adaptive: 2 -> " in why[0]["data"] and "to grow into idle GPUs" in why[0]["data"]
     check_no_gpu_shared(daemon.runs())

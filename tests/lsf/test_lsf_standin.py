@@ -79,6 +79,15 @@ def test_jsrun_line_of_a_run_on_two_hosts_is_one_set_on_each():
                          "--gpu_per_rs", "6", "--rs_per_host", "1", "--bind", "rs"]
 
 
+def test_jsrun_line_of_a_per_gpu_run_has_a_task_per_gpu_in_each_hosts_set():
+    argv = jsrun_argv(3, 21, Path("/r/i.json"), ("a.out",), hosts=2, per_gpu=True)
+    assert argv[:13] == ["jsrun", "--nrs", "2", "--tasks_per_rs", "3", "--cpu_per_rs", "21",
+                         "--gpu_per_rs", "3", "--rs_per_host", "1", "--bind", "rs"]
+    erf = JsrunLauncher(_allocation("a", "b")).erf_for((("b", ("4", "5")),), tasks=2)
+    assert erf.splitlines()[1:] == ["rank: 0: { host: b; cpu: {112-167}; gpu: {4,5} }",
+                                    "rank: 1: { host: b; cpu: {112-167}; gpu: {4,5} }"]
+
+
 def test_jsrun_line_with_resource_file_and_extra_options():
     argv = jsrun_argv(2, 14, Path("/r/i.json"), ("a.out",), ("--smpiargs=off",),
                       erf_file=Path("/r/jsrun.erf"))

@@ -6,6 +6,11 @@ and queues exactly like real ones. `cluster.sh up` (idempotent; it installs the
 packages on a fresh machine) brings the cluster up for the session. It needs
 root: elsewhere these tests are skipped saying so, and in CI (CI set) that is
 an error instead, so the tier cannot silently vanish from CI.
+
+Every broker test runs twice, reading Slurm through pyslurm and through the commands
+(`marbled --slurm-api`). pyslurm is built once from ../shared/vendor/ by pyslurm.sh (as
+that directory's README says, about 3 minutes); a failed build fails the tier in CI and
+skips the pyslurm half elsewhere, with the reason.
 """
 
 from __future__ import annotations
@@ -14,12 +19,19 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from marbled.batch.slurm_api import choose_reader
+
 CLUSTER = Path(__file__).with_name("cluster.sh")
+PYSLURM_BUILD = Path(__file__).with_name("pyslurm.sh")
+# pyslurm is built beside the test venv (once: a stamp names the source archive), not into
+# it, so that a broker without it on PYTHONPATH is a site without pyslurm
+PYSLURM_LIB = Path(sys.prefix) / "pyslurm-22.5" / "lib"
 
 
 def _cannot_run() -> str | None:
@@ -34,12 +46,61 @@ def _cannot_run() -> str | None:
 def slurm_cluster():
     reason = _cannot_run()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        _skip_or_fail(reason)
     done = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, f"cluster.sh up failed:\n{done.stderr}"
+
+
+def _skip_or_fail(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pyslurm_lib(slurm_cluster) -> Path:
+    """The directory holding a pyslurm built for the cluster's Slurm (for PYTHONPATH)."""
+    done = subprocess.run(["bash", str(PYSLURM_BUILD), str(PYSLURM_LIB.parent)],
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHON": sys.executable})
+    if done.returncode != 0:
+        _skip_or_fail(f"pyslurm could not be built ({PYSLURM_BUILD.name}): "
+                      f"{done.stderr.strip()[-2000:]}")
+    return PYSLURM_LIB
+
+
+def with_pythonpath(path: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(filter(None, (str(path),
+                                                        os.environ.get("PYTHONPATH"))))}
+
+
+@pytest.fixture(params=["pyslurm", "cli"])
+def slurm_api(request) -> str:
+    """How the broker reads Slurm (--slurm-api); pyslurm's half builds it first."""
+    if request.param == "pyslurm":
+        request.getfixturevalue("pyslurm_lib")
+    return request.param
+
+
+@pytest.fixture
+def daemon_factory(daemon_factory, slurm_api):
+    """Brokers reading Slurm the `slurm_api` way (pyslurm on their PYTHONPATH for it)."""
+    def make(*args: str, env: dict | None = None, **kw):
+        extra = with_pythonpath(PYSLURM_LIB) if slurm_api == "pyslurm" else {}
+        return daemon_factory(*args, "--slurm-api", slurm_api, env={**extra, **(env or {})},
+                              **kw)
+
+    return make
+
+
+def api_reader(api: str):
+    """A reader of the `api` kind in this process (pyslurm imported from its build)."""
+    if api == "pyslurm" and str(PYSLURM_LIB) not in sys.path:
+        sys.path.insert(0, str(PYSLURM_LIB))
+    reader, _why = choose_reader(api)
+    assert reader.name == api, _why
+    return reader
 
 
 def slurm_job_state(job_id: str) -> str:

@@ -32,7 +32,7 @@ from tests.scenarios import (
     run_figure5,
     training,
 )
-from tests.slurm.conftest import slurm_job_state, wait_slurm_job
+from tests.slurm.conftest import api_reader, slurm_job_state, wait_slurm_job
 
 pytestmark = pytest.mark.slurm
 
@@ -50,10 +50,10 @@ def _broker(daemon_factory, job_id: str, *args: str, state_dir: Path | None = No
                           time_scale=time_scale, env={"SLURM_JOB_ID": job_id})
 
 
-def test_allocation_discovery_reads_nodes_gpus_cpus_and_end_time(allocate):
+def test_allocation_discovery_reads_nodes_gpus_cpus_and_end_time(allocate, slurm_api):
     job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--gres=gpu:6",
                    "--time=7")
-    alloc = slurm_allocation(job)
+    alloc = slurm_allocation(job, api_reader(slurm_api))
     assert alloc.job_id == job
     assert alloc.nodes == {"n1": tuple("012345"), "n2": tuple("012345")}
     assert alloc.cpus == {"n1": 4, "n2": 4}
@@ -319,3 +319,31 @@ def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):
     result = json.loads(out.stdout)
     measured = {c["gpus"]: c["steps_per_second"] for c in result["counts"]}
     assert measured[2] > measured[1] * 1.5  # the curve of resnet-50 (3.35, 6.02, 6.53)
+
+
+def test_a_per_gpu_job_is_a_step_with_a_task_per_gpu_that_meet(daemon_factory, allocate,
+                                                                 tmp_path):
+    """--per-gpu on 2 nodes x 2 GPUs: one step of 4 tasks, each seeing its node's 2 GPUs (as
+    under torchrun: LOCAL_RANK picks one), whose SLURM_* numbers the step shim turns into
+    RANK...; they meet at the first node's NodeAddr (a real gloo all-reduce: 1+2+3+4)."""
+    pytest.importorskip("torch")
+    from tests.integration.test_ranks import RANK
+
+    job = allocate("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=12", "--gres=gpu:6")
+    d = _broker(daemon_factory, job)
+    (tmp_path / "rank.py").write_text(RANK)
+    (gang,) = d.submit({"command": [sys.executable, "rank.py", "gloo"], "gpus": 2, "nodes": 2,
+                        "per_gpu": True, "chdir": str(tmp_path)})
+    (done,) = d.wait_all(timeout=120)
+    assert done["state"] == "done", done["reason"]
+    (run,) = d.query("SELECT * FROM runs")
+    assert (run["node"], run["gpu_count"]) == ("n1,n2", 4)
+    assert [len(g.split(",")) for g in run["devices"].split(";")] == [2, 2]
+    envs = [json.loads((tmp_path / f"rank-{run['id']}-{r}.json").read_text())["env"]
+            for r in range(4)]
+    assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"]) for e in envs] == \
+        [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"]) for e in envs} == \
+        {("4", "2", "127.0.0.1")}
+    assert all(len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 2 for e in envs)
+    assert [(tmp_path / f"sum-{run['id']}-{r}").read_text() for r in range(4)] == ["10"] * 4

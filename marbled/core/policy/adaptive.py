@@ -14,15 +14,24 @@ marbled's own policy, for a centre that does not know its load in advance.
 * Look ahead. While few jobs are in the system (at most `LOOKAHEAD_JOBS`),
   each candidate bias is played forward in a fluid model of the jobs
   already known (their curves, the work they have left, the cost of each
-  reshape), and the decision takes the candidate with the smallest total of
-  completion times among those whose last job ends within `makespan_slack` of
-  the earliest end any candidate reaches. With more jobs, every job gets one
-  GPU or few, and the bias hardly matters: the plan uses bias 1.
+  reshape), and the decision takes the candidate with the least product of its
+  total of completion times and its last end (to the power `makespan_weight`),
+  each relative to the best any candidate reaches. With more jobs, every job gets
+  one GPU or few, and the bias hardly matters: the plan uses bias 1. With at most
+  `PLAN_JOBS`, the best static plan of the jobs in the system (a count each, FIFO:
+  what a user could pick by hand, `marbled.core.static_plan`, searched with a small
+  budget) is a candidate too: as planned, with its idle GPUs given by a bias, or with
+  its counts as caps now and minimums from the next end on (a job it holds back starts
+  early on GPUs the others lend). Where some candidates beat the plan on both counts,
+  the decision is one of them: never behind a plan made by hand, unless that costs
+  the mean completion time.
 * Reshape only when it pays. A running job moves to its planned count only if
   the time its remaining steps save exceeds its own suspend-and-resume cost by
   `reshape_margin` times; GPUs are taken from it for newcomers only if they gain
   more than it loses. A job near its end is never moved. A job keeps its node
-  and GPUs while its count stays; a new job goes where it gets its planned count.
+  and GPUs while its count stays; a new job goes where it gets its planned count;
+  GPUs a node has left go to a job on another node that gets more there, if the
+  move pays (no node idles beside a crowded one).
 * FIFO: jobs start in FIFO order among those whose dependencies are met; rigid
   (`--gpus K`), multi-node and unprofiled jobs run on exactly their count and are
   never moved.
@@ -30,6 +39,8 @@ marbled's own policy, for a centre that does not know its load in advance.
 
 from __future__ import annotations
 
+import heapq
+from bisect import insort
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -42,6 +53,7 @@ from marbled.core.policy.base import (
     role_for,
     settled,
 )
+from marbled.core.static_plan import StaticJob, search
 
 # The candidates the look-ahead weighs: (bias, whether the critical job -- the one with the
 # longest time left even on its fastest count -- gets that count first).
@@ -49,6 +61,10 @@ CANDIDATES = ((-1.0, False), (0.0, False), (0.5, False), (1.0, False), (2.0, Fal
               (0.0, True))
 FUTURES = ((-1.0, False), (0.0, False), (1.0, False), (1.0, True))  # the rule for later events
 LOOKAHEAD_JOBS = 16  # jobs in the system up to which the candidates are played forward
+PLAN_GROWTH = ((1.0, False), (-1.0, False))  # how a static plan's idle GPUs may be given
+LENDS = ((-1.0, False), (1.0, True))  # the first rules of a lent plan
+PLAN_JOBS = 8  # jobs in the system up to which the best static plan is a candidate too
+PLAN_BOUND = PLAN_BUDGET = 300  # static plans searched at a decision: a few ms at most
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,10 @@ class Item:
     def can(self, g: int) -> bool:
         return not self.speeds or self.speeds[min(g, len(self.speeds)) - 1] is not None
 
+    def largest(self, limit: int) -> int:
+        """The most GPUs up to min(`high`, limit) it can run on (0: none)."""
+        return next((c for c in range(min(self.high, limit), 0, -1) if self.can(c)), 0)
+
     def above(self, g: int) -> int | None:
         """The next count above g it can run on, up to `high`."""
         for c in range(g + 1, self.high + 1):
@@ -87,27 +107,25 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
     node, the fixed items' already taken out); the spare GPUs by marginal gain, after the
     critical job's fastest count if `critical`."""
     room = dict(room)
+    rooms = _Rooms(room)
     out: dict[int, list] = {}
     for item in items:
         if item.fixed:
             out[item.id] = [(item.home,), item.count]
             continue
         if item.home is not None and room.get(item.home, -1) >= item.low:  # stays: the common case
-            room[item.home] -= item.low
+            rooms.take(item.home, item.low)
             out[item.id] = [(item.home,), item.low]
             continue
-        fits = [n for n in room if room[n] >= item.low]
-        whole = [n for n in fits if room[n] >= item.high]
         if item.nodes > 1:
-            nodes = fits[:item.nodes]
-        elif whole:  # the tightest node that still holds its fastest count
-            nodes = [min(whole, key=lambda n: room[n])]
-        else:
-            nodes = sorted(fits, key=lambda n: -room[n])[:1]
+            nodes = rooms.first(item.low, item.nodes)
+        else:  # the tightest node that still holds its fastest count, else the roomiest
+            node = rooms.tightest(item.low, max(item.low, item.high))
+            nodes = [] if node is None else [node]
         if len(nodes) < item.nodes:
             break  # strict FIFO: the jobs behind it wait too
         for n in nodes:
-            room[n] -= item.low
+            rooms.take(n, item.low)
         out[item.id] = [tuple(nodes), item.low]
     by_id = {i.id: i for i in items}
     if critical:
@@ -125,36 +143,152 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
         if len(nodes) == 1 and not by_id[i].fixed:
             on_node.setdefault(nodes[0], []).append(by_id[i])
     for node, items_there in on_node.items():  # each node's growth is its own
-        left = room[node]
-        # the items that may still grow, each with what divides its gain: its speed on its
-        # fewest GPUs, times its time left there to the power `bias` (work unknown: 1)
-        mine = [(item, item.speed(item.low) * ((item.work / item.speed(item.low)) ** bias
-                                               if item.work > 0 else 1.0))
-                for item in items_there if left > 0 and out[item.id][1] < item.high]
-        while left > 0 and mine:
-            best, gain, step = None, 0.0, 0
-            for item, scale in mine:
-                g = out[item.id][1]
-                nxt = item.above(g)
-                if nxt is None or nxt - g > left:
-                    continue
-                value = (item.speed(nxt) - item.speed(g)) / (nxt - g) / scale
-                if value > gain:
-                    best, gain, step = item, value, nxt - g
-            if best is None:
-                break
-            out[best.id][1] += step
-            left -= step
+        room[node] = _grow(items_there, out, room[node], bias)
+    _spread(out, on_node, room, bias)
     return {i: tuple(v) for i, v in out.items()}
+
+
+def _scale(item: Item, bias: float) -> float:
+    """What divides the gain of an item's next GPU: its speed on its fewest GPUs, times its
+    time left there to the power `bias` (work unknown: 1)."""
+    return item.speed(item.low) * ((item.work / item.speed(item.low)) ** bias
+                                   if item.work > 0 else 1.0)
+
+
+def _grow(items: list[Item], out: dict[int, list], left: int, bias: float) -> int:
+    """Give a node's `left` GPUs, one step at a time, to its items whose next GPU adds most;
+    the GPUs still left."""
+    mine = [(item, _scale(item, bias)) for item in items
+            if left > 0 and out[item.id][1] < item.high]
+    while left > 0 and mine:
+        best, gain, step = None, 0.0, 0
+        for item, scale in mine:
+            g = out[item.id][1]
+            nxt = item.above(g)
+            if nxt is None or nxt - g > left:
+                continue
+            value = (item.speed(nxt) - item.speed(g)) / (nxt - g) / scale
+            if value > gain:
+                best, gain, step = item, value, nxt - g
+        if best is None:
+            break
+        out[best.id][1] += step
+        left -= step
+    return left
+
+
+def _spread(out: dict[int, list], on_node: dict[str, list[Item]], room: dict[str, int],
+            bias: float) -> None:
+    """GPUs a node is left with after growth go to an item planned below its fastest count
+    on another node, if it gets more GPUs there: it changes node as its count changes, and
+    the node it leaves regrows the others. No node idles while a job elsewhere could use it
+    (a running job was kept on its node, which may hold two jobs on half each while another
+    node empties). Each item moves at most once a plan, to the node that gives it most (the
+    tightest such node), the item whose gain weighs most first."""
+    moved: set[int] = set()
+    scales: dict[int, float] = {}
+    counts: dict[tuple[int, int], int] = {}  # (item, room) -> the most it runs on there
+    while True:
+        # the open nodes by their room, each room's nodes greatest name first: within one
+        # room every node gives an item the same count, and the ties go to the greatest
+        # name (the second where that is the item's own node)
+        tops: dict[int, list[str]] = {}
+        for n, k in room.items():
+            if k > 0:
+                tops.setdefault(k, []).append(n)
+        if not tops:
+            return
+        kinds = sorted(tops, reverse=True)
+        for k in kinds:
+            tops[k] = heapq.nlargest(2, tops[k])
+        best, gain = None, 0.0
+        for node, items in on_node.items():
+            for item in items:
+                g = out[item.id][1]
+                if g >= item.high or g >= kinds[0] or item.id in moved:
+                    continue
+                spot = None
+                for k in kinds:
+                    if k <= g:
+                        break
+                    names = [n for n in tops[k] if n != node]
+                    c = counts.get((item.id, k))
+                    if c is None:
+                        c = counts[item.id, k] = item.largest(k)
+                    if names and c > g and (spot is None or (c, -k, names[0]) > spot):
+                        spot = (c, -k, names[0])
+                if spot is None:
+                    continue
+                c, _, n = spot
+                scale = scales.get(item.id)
+                if scale is None:
+                    scale = scales[item.id] = _scale(item, bias)
+                value = (item.speed(c) - item.speed(g)) / scale
+                if value > gain:
+                    best, gain = (item, node, n, c), value
+        if best is None:
+            return
+        item, node, there, c = best
+        moved.add(item.id)
+        room[node] += out[item.id][1]
+        room[there] -= c
+        out[item.id] = [(there,), c]
+        on_node[node].remove(item)
+        on_node.setdefault(there, []).append(item)
+        room[node] = _grow(on_node[node], out, room[node], bias)
+
+
+class _Rooms:
+    """The GPUs left on each node of `room` as jobs take them, and the nodes grouped by
+    what they have left, each group in the nodes' order: a job's node is then found among
+    the few room sizes, not by reading every node (a decision on a large cluster places
+    hundreds of jobs on dozens of nodes). The groups are built at the first search: a
+    plan of running jobs that stay where they are needs none."""
+
+    def __init__(self, room: dict[str, int]):
+        self.room = room
+        self._groups: dict[int, list[str]] | None = None  # room -> its nodes (none empty)
+
+    def take(self, node: str, gpus: int) -> None:
+        r = self.room[node]
+        self.room[node] = r - gpus
+        if self._groups is not None:
+            group = self._groups[r]
+            group.remove(node)
+            if not group:
+                del self._groups[r]
+            insort(self._groups.setdefault(r - gpus, []), node, key=self._order.__getitem__)
+
+    def _by_room(self) -> dict[int, list[str]]:
+        if self._groups is None:
+            self._order = {n: k for k, n in enumerate(self.room)}
+            self._groups = {}
+            for n, r in self.room.items():
+                self._groups.setdefault(r, []).append(n)
+        return self._groups
+
+    def tightest(self, low: int, high: int) -> str | None:
+        """The node with the fewest GPUs left among those with at least `high`, else the
+        one with the most, if at least `low` (the first in order of equals)."""
+        groups = self._by_room()
+        r = min((r for r in groups if r >= high), default=None)
+        if r is None:
+            r = max(groups, default=low - 1)
+        return groups[r][0] if r >= low else None
+
+    def first(self, gpus: int, count: int) -> list[str]:
+        """The first `count` nodes (or fewer) in order with at least `gpus` GPUs left."""
+        return [n for n, r in self.room.items() if r >= gpus][:count]
 
 
 def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float, bool],
                  queue: list[Item] = (), first: tuple[float, bool] | None = None,
-                 ) -> tuple[float, float]:
+                 then: dict[int, tuple[int, int]] | None = None) -> tuple[float, float]:
     """(sum of completion times, the last one) from now, in a fluid model: the items run
     at their curve's speed, are planned with `first` (default: `candidate`) now and
-    re-planned with `candidate` whenever one ends, and pay their cost whenever their
-    count changes; `queue` waits behind them in FIFO order."""
+    re-planned with `candidate` whenever one ends (on `then`'s (fewest, most) GPUs, if
+    given), and pay their cost whenever their count changes; `queue` waits behind them in
+    FIFO order."""
     now, total, last = 0.0, 0.0, 0.0
     live = {i.id: i for i in [*items, *queue]}
     delay: dict[int, float] = {}  # start-up still to wait before progress
@@ -163,6 +297,9 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
         if not live:
             break
         plan = allocate(list(live.values()), _free_room(live, room), *rule)
+        if then:  # from the first end on, the plan's bounds
+            live = {i.id: i for i in _bounded(list(live.values()), then)}
+            then = None
         rule = candidate
         running = {i: plan[i][1] for i in plan}
         for i, g in running.items():
@@ -188,6 +325,31 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
             delay[i] = delay.get(i, 0.0) - used
             live[i] = replace(live[i], work=live[i].work - (step - used) * live[i].speed(g))
     return total, last
+
+
+def static_plan(running: list[Item], waiting: list[Item], room: dict[str, int],
+                ) -> dict[int, int] | None:
+    """{id: count} of the best static plan of these items (the running ones keep their
+    count, the waiting ones start in FIFO order, each on a count of its own), searched
+    with a small budget; None if an item spans nodes or fits none."""
+    if any(i.nodes > 1 for i in [*running, *waiting]):
+        return None
+    largest = max(room.values(), default=0)  # a node's GPUs may be fewer than its size
+    jobs = [StaticJob(0.0, {i.count: i.work / i.speed(i.count)}) for i in running]
+    for i in waiting:
+        seconds = {k: i.work / i.speed(k) for k in range(i.low, min(i.high, largest) + 1)
+                   if i.can(k)}
+        if not seconds:
+            return None
+        jobs.append(StaticJob(0.0, seconds))
+    found = search(jobs, list(room.values()), bound=PLAN_BOUND, budget=PLAN_BUDGET)
+    return {i.id: k for i, k in zip([*running, *waiting], found.best.counts, strict=True)}
+
+
+def _bounded(items: list[Item], bounds: dict[int, tuple[int, int]]) -> list[Item]:
+    """The items, each planned on `bounds`' (fewest, most) GPUs (a fixed one as it is)."""
+    return [replace(i, low=bounds[i.id][0], high=bounds[i.id][1])
+            if i.id in bounds and not i.fixed else i for i in items]
 
 
 def _free_room(live: dict[int, Item], room: dict[str, int]) -> dict[str, int]:
@@ -226,7 +388,9 @@ class AdaptivePolicy(Policy):
                                                  state.nodes_with_free_gpus())}
         # One pass over the running jobs (on a loaded cluster, most of a decision): the first
         # end, and the jobs that may move. A shrink pays only for newcomers: without a
-        # waiting job, a job may change only by growing into its node's free GPUs.
+        # waiting job, a job may change only by growing into free GPUs, on its node or on
+        # one with more free than it holds.
+        most_free = 0 if queued else max(free.values(), default=0)
         first_end, movable, suspending = float("inf"), [], JobState.SUSPENDING
         for job in engaged:
             if job.state is suspending:
@@ -234,7 +398,8 @@ class AdaptivePolicy(Policy):
             if job.expected_end is not None and job.expected_end < first_end:
                 first_end = job.expected_end
             if (everything or job.placement.node in free or queued and
-                    len(job.placement.gpus) > 1) and self._movable(job, now):
+                    len(job.placement.gpus) > 1 or len(job.placement.gpus) < most_free) \
+                    and self._movable(job, now):
                 movable.append(job)
         # a shrink saves each newcomer the wait until some run ends and frees GPUs
         wait = max(first_end - now, 0.0) if first_end < float("inf") else 0.0
@@ -260,7 +425,10 @@ class AdaptivePolicy(Policy):
             item = self._item(job, now)
             spare -= item.low * item.nodes
             waiting.append(item)
-        candidate = self._candidate(running, waiting, room) if everything else (1.0, False)
+        candidate, counts = self._candidate(running, waiting, room) if everything else \
+            ((1.0, False), None)
+        if counts:  # a static plan won the look-ahead: the GPUs each job may get now
+            running, waiting = _bounded(running, counts), _bounded(waiting, counts)
         as_now = running  # the next decision sees every job that is not moved as now
         for _ in range(len(running) + 1):
             plan = self._settle(running, waiting, room, candidate, wait)
@@ -305,23 +473,31 @@ class AdaptivePolicy(Policy):
         # the most newcomers shrinks can make room for: no more than are waiting, nor than GPUs
         can_free = sum(free.values()) + sum(i.count - i.low for i in items)
         newcomers = queued and sum(1 for _ in islice(fifo_candidates(state, now), can_free))
-        movers = {}
+        movers, most_free = {}, max(free.values(), default=0)
+        leaving = False  # a mover may go to another node's free GPUs (nothing waits)
         for item in items:
             most = item.high if queued else item.count + free.get(item.home, 0)
             if any(self._pays(item, c, False, newcomers, wait)
                    for c in range(item.low, most + 1) if c != item.count and item.can(c)):
                 movers[item.id] = item
-        # the movers' nodes, with their fixed jobs; and a waiting job may take free GPUs,
-        # beside fixed jobs that need not be planned
+            elif not queued and any(self._pays(item, c, True, 0, wait) for c in range(
+                    item.count + 1, min(item.high, most_free) + 1) if item.can(c)):
+                movers[item.id], leaving = item, True
+        # the movers' nodes, with their fixed jobs; and a waiting job, or a mover, may take
+        # free GPUs, beside fixed jobs that need not be planned
         homes = {i.home for i in movers.values()}
         running = [movers.get(j.id) or self._item(j, now) for j in engaged
                    if j.placement.node in homes]
-        return running, (homes | set(free)) if queued else homes
+        return running, (homes | set(free)) if queued or leaving else homes
 
     @staticmethod
     def _reshape(state: State, moved: list[Item], plan: dict[int, tuple]) -> list:
         """Suspend the moved jobs, each with its new GPUs reserved where they are its own or
-        free (it then resumes on exactly the planned count); the others wait in the FIFO."""
+        free (it then resumes on exactly the planned count); one planned on no GPUs waits in
+        the FIFO. A job planned on GPUs another job still holds (one that shrinks, or leaves
+        for another node) keeps running: it moves at the next decision, once they are free
+        (suspended without them, it would be planned as a waiting job, maybe on its count
+        again elsewhere: a move for nothing)."""
         free = {n: state.free(n) for n in state.nodes}
         actions = []
         for item in moved:
@@ -335,17 +511,20 @@ class AdaptivePolicy(Policy):
                 gpus = tuple(sorted(pool[:count]))
                 free[node] = [g for g in free[node] if g not in gpus]
                 target = Placement(node, gpus)
+            elif count:
+                continue
             actions.append(Suspend(job.id, target, _why(item, count)))
         return actions
 
     # -- the plan
 
-    def _candidate(self, running: list[Item], waiting: list[Item],
-                   room: dict[str, int]) -> tuple[float, bool]:
-        """The candidate whose future looks best (bias 1 when many jobs are in the system)."""
+    def _candidate(self, running: list[Item], waiting: list[Item], room: dict[str, int],
+                   ) -> tuple[tuple[float, bool], dict[int, tuple[int, int]] | None]:
+        """The candidate whose future looks best (bias 1 when many jobs are in the system),
+        and, if a static plan's won, the GPUs it gives each job now: {id: (fewest, most)}."""
         n = len(running) + len(waiting)
         if not n or n > LOOKAHEAD_JOBS:
-            return 1.0, False
+            return (1.0, False), None
         # Nodes no job runs on are alike but for their room: the fluid model keeps, for each
         # room, the first as many as the jobs can fill (the plan takes the first it can).
         homes = {i.home for i in running}
@@ -356,16 +535,44 @@ class AdaptivePolicy(Policy):
             if node in homes or alike.get(k, 0) < fill:
                 kept[node] = k
                 alike[k] = alike.get(k, 0) + (node not in homes)
-        outcomes = {(c, f): play_forward(running, kept, f, waiting, first=c)
+        outcomes = {(c, f, None, False): play_forward(running, kept, f, waiting, first=c)
                     for c in CANDIDATES for f in FUTURES}
+        # The best static plan of the jobs in the system (what a user could pick by hand):
+        # run as planned; or with the GPUs it leaves idle given by a bias; or with its
+        # counts as caps now (a job it holds back may start on GPUs lent by the others) and
+        # as minimums from the first end on.
+        counts = static_plan(running, waiting, kept) if n <= PLAN_JOBS else None
+        # Where some candidates beat the plan on both counts (they end no later and complete
+        # jobs sooner on average), the decision is one of them: never behind the makespan a
+        # user could reach by hand, unless that costs the mean completion time.
+        plan = None  # the plan's (total, end)
+        if counts:
+            everyone = [*running, *waiting]
+            exact = {i: (k, k) for i, k in counts.items()}
+            grown = {i.id: (counts[i.id], max(counts[i.id], i.high)) for i in everyone}
+            lent = {i.id: (i.low, max(i.low, min(i.high, counts[i.id]))) for i in everyone}
+            for rule, now, then in ((PLAN_GROWTH[0], exact, None),
+                                    *((g, grown, None) for g in PLAN_GROWTH),
+                                    (PLAN_GROWTH[0], lent, exact),
+                                    *((g, lent, grown) for g in PLAN_GROWTH)):
+                for c in LENDS if now is lent else (rule,):
+                    outcomes[c, rule, tuple(now.items()), then is exact] = play_forward(
+                        _bounded(running, now), kept, rule, _bounded(waiting, now), first=c,
+                        then=then)
+                    if now is exact:
+                        plan = outcomes[c, rule, tuple(now.items()), False]
         total = min(t for t, _ in outcomes.values()) or 1.0
         last = min(end for _, end in outcomes.values()) or 1.0
+        better = plan and {k for k, (t, end) in outcomes.items()
+                           if t < plan[0] and end <= plan[1] * (1 + 1e-9)}
 
-        def score(pair) -> tuple[float, float]:
-            t, end = outcomes[pair]
-            return (t / total) * (end / last) ** self.makespan_weight, t
+        def score(key) -> tuple[bool, float, float]:
+            t, end = outcomes[key]
+            return bool(better) and key not in better, \
+                (t / total) * (end / last) ** self.makespan_weight, t
 
-        return min(outcomes, key=score)[0]
+        c, _, bounds, *_ = min(outcomes, key=score)
+        return c, dict(bounds) if bounds else None
 
     def _settle(self, running: list[Item], waiting: list[Item], room: dict[str, int],
                 candidate: tuple[float, bool], wait: float) -> dict[int, tuple]:
@@ -404,36 +611,42 @@ class AdaptivePolicy(Policy):
         after = item.work / item.speed(count) + item.cost
         if count > item.count or elsewhere:
             return before - after > self.reshape_margin * item.cost
-        # Shrinking: the newcomers it makes room for gain the wait until GPUs free up.
-        return wait * newcomers > (1 + self.reshape_margin) * (after - before)
+        # Shrinking: the newcomers it makes room for gain the wait until GPUs free up, which
+        # must exceed what the job loses (its cost included) by the margin times its cost, as
+        # a grow's gain must (twice the loss kept jobs on half a node each while newcomers
+        # waited hours: 5-10% behind malleable's average JCT on 2 and 4 nodes).
+        return wait * newcomers > (after - before) + self.reshape_margin * item.cost
 
     # -- jobs as items
 
-    def _speeds(self, curve, high: int) -> tuple[float | None, ...]:
-        """The curve on 1..high GPUs, cached: a decision reads every running job's."""
-        key = (id(curve), high)
+    def _speeds(self, job: Job) -> tuple[tuple[float | None, ...], int]:
+        """(its curve on 1..demand GPUs, its fewest GPUs), cached by curve, demand and
+        malleability: a decision reads every running job's and hundreds of waiting ones'."""
+        curve = job.curve
+        key = (id(curve), job.demand, job.malleable)
         hit = self._cache.get(key)
         if hit is None or hit[0] is not curve:  # the curve kept with it: ids are reused
             if len(self._cache) > 4096:  # a long-lived broker sees ever new curves
                 self._cache.clear()
             hit = self._cache[key] = (curve, tuple(
-                curve.steps_per_second[min(g, curve.max_gpus) - 1] for g in range(1, high + 1)))
-        return hit[1]
+                curve.steps_per_second[min(g, curve.max_gpus) - 1]
+                for g in range(1, job.demand + 1)) if curve else (), job.fewest)
+        return hit[1], hit[2]
 
     def _item(self, job: Job, now: float, movable: bool = False) -> Item:
         curve = job.curve
         fixed_size = not job.malleable or curve is None or job.nodes > 1
         high = job.demand
-        speeds = self._speeds(curve, high) if curve else ()
+        speeds, fewest = self._speeds(job)
         if job.placement is not None:
             count = len(job.gpus)
             share = job.placement.share
             left = max((job.expected_end or now) - now, 0.0)
             work = left * (curve.throughput(count, share) if curve else 1.0)
-            return Item(job.id, speeds, work, job.fewest if not fixed_size else high, high,
+            return Item(job.id, speeds, work, fewest if not fixed_size else high, high,
                         job.nodes, job.placement.node, count, not movable, reshape_cost(job))
         work = job.steps_left if job.steps_left is not None else 0.0
-        low = high if fixed_size else job.fewest
+        low = high if fixed_size else fewest
         return Item(job.id, speeds, work, low, high, job.nodes, cost=reshape_cost(job))
 
     @staticmethod

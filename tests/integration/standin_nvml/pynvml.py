@@ -35,6 +35,10 @@ def nvmlDeviceGetHandleByUUID(uuid):
     raise NVMLError("Not Found")
 
 
+def nvmlDeviceGetName(handle):
+    return f"Stand-in GPU {handle}"
+
+
 def nvmlDeviceGetUtilizationRates(handle):
     return SimpleNamespace(gpu=10 * (handle + 1), memory=5 * (handle + 1))
 

@@ -1,0 +1,224 @@
+"""One process per GPU: the ranks of a per-GPU run, their rendezvous variables, and
+`python -m marbled.batch.ranks RANKS ARGV...`, which starts them on this host.
+
+Every rank gets what `torch.distributed`'s env:// rendezvous reads (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), what picks its device (LOCAL_RANK, LOCAL_WORLD_SIZE) and
+NODE_RANK, and sees the run's GPUs of its node (CUDA_VISIBLE_DEVICES), as under torchrun:
+a script that runs under torchrun (`cuda:LOCAL_RANK`) runs unchanged. The run's MARBLE_*
+variables are the same for every rank (only rank 0 reports and acknowledges:
+marbled.worker.protocol).
+
+The local launcher runs this module as the run's process, the leader of the run's own
+session and group, and the ranks as its children in that group: the broker's killpg
+(SIGTSTP, SIGTERM, SIGKILL) reaches every rank at once, which torchrun's workers, each in
+its own session, are not (docs/distributed.md). It
+- starts rank 0 first (a rank whose rendezvous starts before rank 0's store listens
+  retries with a back-off of up to seconds);
+- prefixes every line a rank prints with `[rank N] ` in the run's stdout and stderr logs;
+- ends when every rank has ended. A rank that exits non-zero ends the run: the others
+  may wait in a collective for the process group's timeout (30 minutes by default), so
+  they are killed, with what any rank started, unless the run has acknowledged a
+  suspension or been asked for one (rank 0 may still be saving; the broker's timeouts
+  bound that). It exits as the failed
+  rank did and leaves RANK_FAILURE in the job's directory, naming the rank;
+- outlives SIGTERM (its ranks get it too) to collect their exits and output.
+
+Under Slurm and jsrun the batch system starts the ranks (one task per GPU), and the step
+shim (marbled.batch.step) maps the task's SLURM_* or JSM_* numbers to these variables.
+It imports the standard library and the worker protocol only: it runs before every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from marbled.worker.protocol import ACK_FILE, SUSPEND_FILE, atomic_write_json, read_json
+
+RANK_FAILURE = "rank-failure.json"  # in the job's directory: the rank that ended a run
+LOCAL_ADDR = "127.0.0.1"  # every node of a local broker is this host
+MAX_LINE = 64 * 1024  # a rank's line longer than this is cut into several prefixed ones
+
+
+def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
+    """`count` distinct TCP ports free on `host` now (the kernel's picks, all held until
+    every one is known so that none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def rendezvous_env(master_addr: str) -> dict[str, str]:
+    """MASTER_ADDR and MASTER_PORT of a run whose ranks a batch system starts: the port is
+    free on this host now, which is the first node's when the broker runs there (elsewhere,
+    a port the kernel would give out: likely free there too)."""
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_ports(1)[0])}
+
+
+def rank_envs(parts: tuple[tuple[str, tuple[str, ...]], ...], master_addr: str,
+              master_port: int, tf_ports: list[int] | None = None) -> list[dict[str, str]]:
+    """The variables of each rank of a run on `parts` ((node, GPU devices) in node order), in
+    rank order: node 0's GPUs first. With `tf_ports` (one per rank), TF_CONFIG too, the
+    cluster MultiWorkerMirroredStrategy reads (every rank a worker on this host)."""
+    world = sum(len(devices) for _, devices in parts)
+    envs: list[dict[str, str]] = []
+    for node_rank, (_, devices) in enumerate(parts):
+        for local_rank in range(len(devices)):
+            envs.append({"RANK": str(len(envs)), "WORLD_SIZE": str(world),
+                         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(len(devices)),
+                         "NODE_RANK": str(node_rank), "MASTER_ADDR": master_addr,
+                         "MASTER_PORT": str(master_port),
+                         "CUDA_VISIBLE_DEVICES": ",".join(devices)})
+    if tf_ports:
+        workers = [f"{LOCAL_ADDR}:{port}" for port in tf_ports]
+        for index, env in enumerate(envs):
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                           "task": {"type": "worker", "index": index}})
+    return envs
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, theirs, ...), read from /proc."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            for child in children:
+                if child not in found:
+                    found.append(child)
+                    stack.append(child)
+    return found
+
+
+def _kill_all_but_me(ranks: dict[int, int]) -> None:
+    """SIGKILL the ranks left and what they started: what is below them, and what is left in
+    the run's group (the failed rank's own children, orphaned at its death)."""
+    me = os.getpid()
+    doomed = [p for rank in ranks for p in (rank, *descendants(rank))]
+    # only as the group's leader (as launched): a group of someone else's is not the run's
+    for entry in os.listdir("/proc") if os.getpgrp() == me else ():
+        if entry.isdigit() and int(entry) != me:
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == me:
+                    doomed.append(int(entry))
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def read_rank_failure(job_dir: Path, run_id: int) -> dict | None:
+    """The rank that ended run `run_id` of the job in `job_dir` ({rank, world, exit_code}),
+    if a rank did."""
+    doc = read_json(job_dir / RANK_FAILURE)
+    return doc if doc is not None and doc.get("run_id") == run_id else None
+
+
+# ------------------------------------------------------------------ the run's process
+
+def _relay(pipe, out_fd: int, prefix: bytes) -> None:
+    """Copy a rank's output to the run's log, each line behind `prefix`."""
+    rest = b""
+    while chunk := os.read(pipe.fileno(), MAX_LINE):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        while len(rest) >= MAX_LINE:
+            lines.append(rest[:MAX_LINE])
+            rest = rest[MAX_LINE:]
+        if lines:
+            os.write(out_fd, b"".join(prefix + line + b"\n" for line in lines))
+    if rest:
+        os.write(out_fd, prefix + rest + b"\n")
+    pipe.close()
+
+
+def _of_this_run(name: str) -> bool:
+    run_dir, run_id = os.environ.get("MARBLE_RUN_DIR"), os.environ.get("MARBLE_RUN_ID")
+    doc = read_json(Path(run_dir) / name) if run_dir else None
+    return doc is not None and str(doc.get("run_id")) == run_id
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        sys.exit("usage: python -m marbled.batch.ranks RANKS_JSON ARGV...")
+    envs, command = json.loads(argv[0]), argv[1:]
+    # The ranks get the group's SIGTERM (and SIGINT, SIGHUP) too: stay to see them end.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: None)
+    ranks: dict[int, int] = {}  # pid -> rank
+    # held: a Popen dropped while its child runs is reaped by the next Popen (subprocess's
+    # cleanup of dropped ones), and os.wait() below would never see that rank end
+    procs: list[subprocess.Popen] = []
+    relays = []
+    for rank, extra in enumerate(envs):  # rank 0 first
+        try:
+            proc = subprocess.Popen(command, env={**os.environ, **extra},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, restore_signals=True)
+        except OSError as exc:
+            for pid in ranks:
+                os.kill(pid, signal.SIGKILL)
+            sys.exit(f"marbled: cannot run {command[0]!r}: {exc.strerror}")
+        ranks[proc.pid] = rank
+        procs.append(proc)
+        for pipe, fd in ((proc.stdout, 1), (proc.stderr, 2)):
+            relay = threading.Thread(target=_relay, args=(pipe, fd, f"[rank {rank}] ".encode()),
+                                     daemon=True)
+            relay.start()
+            relays.append(relay)
+    failed: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
+    while ranks:
+        pid, status = os.wait()
+        rank = ranks.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and failed is None:
+            failed = (rank, code)
+            if not (_of_this_run(ACK_FILE) or _of_this_run(SUSPEND_FILE)):
+                _kill_all_but_me(ranks)
+                if ranks:
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    print(f"marbled: rank {rank} {how}; stopping the other {len(ranks)} "
+                          "rank(s)", file=sys.stderr, flush=True)
+    for relay in relays:  # a rank's own child may hold its pipe open: do not wait for it
+        relay.join(timeout=1.0)
+    if failed is None:
+        sys.exit(0)
+    rank, code = failed
+    if os.environ.get("MARBLE_RUN_DIR"):
+        atomic_write_json(Path(os.environ["MARBLE_RUN_DIR"]) / RANK_FAILURE,
+                          {"run_id": int(os.environ.get("MARBLE_RUN_ID", "0")), "rank": rank,
+                           "world": len(envs), "exit_code": code}, durable=False)
+    if code < 0:  # end as the rank did: the broker reads the signal from the exit status
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code if 0 < code < 256 else 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

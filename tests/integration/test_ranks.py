@@ -1,0 +1,299 @@
+"""One process per GPU on a real broker (emulated GPUs, CPU, gloo): the ranks of a per-GPU
+job and their rendezvous, a rank that fails, the ranks' logs, two emulated nodes, and
+torchrun as a job's command, whose workers the broker's signals must reach."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.daemon
+
+ENV = {"OMP_NUM_THREADS": "1"}
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "MARBLE_RUN_ID", "MARBLE_CHECKPOINT_DIR",
+             "MARBLE_PER_GPU", "TF_CONFIG")
+
+# A rank: says what it got and where it runs, then does what argv[1] says.
+RANK = '''
+import json, os, sys, time
+rank = os.environ["RANK"]
+tag = f"{os.environ['MARBLE_RUN_ID']}-{rank}"
+with open(f"rank-{tag}.json", "w") as f:
+    json.dump({"env": {k: os.environ.get(k) for k in VARS}, "pid": os.getpid(),
+               "pgid": os.getpgid(0)}, f)
+print(f"out of rank {rank}", flush=True)
+print(f"err of rank {rank}", file=sys.stderr, flush=True)
+if sys.argv[1] == "fail":
+    if rank == "1":
+        time.sleep(0.3)
+        sys.exit(3)
+    time.sleep(60)  # as a rank blocked in a collective whose peer died
+elif sys.argv[1] == "gloo":
+    import torch, torch.distributed as dist
+    from datetime import timedelta
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    t = torch.tensor([int(rank) + 1])
+    dist.all_reduce(t)
+    with open(f"sum-{tag}", "w") as f:
+        f.write(str(int(t.item())))
+    os._exit(0)
+'''.replace("VARS", repr(RANK_VARS))
+
+# A torchrun worker: the stop agreed at each step (all_reduce MAX of the SIGTSTP flag), rank 0
+# saves and acknowledges, every rank exits; "stubborn" ignores SIGTSTP and SIGTERM.
+WORKER = '''
+import json, os, signal, sys, time
+from pathlib import Path
+from marbled.worker.protocol import JobProtocol
+proto = JobProtocol.from_env().install()
+rank = int(os.environ["RANK"])
+tag = f"{os.environ['MARBLE_RUN_ID']}-{rank}"
+Path(f"worker-{tag}.pid").write_text(str(os.getpid()))
+
+
+def on_tstp(signum, frame):  # the signal itself came (not only the broker's request file)
+    Path(f"tstp-{tag}").touch()
+    proto._on_tstp(signum, frame)
+
+
+signal.signal(signal.SIGTSTP, on_tstp)
+if sys.argv[1] == "stubborn":
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.05)
+import torch, torch.distributed as dist
+from datetime import timedelta
+dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+ckpt = Path(os.environ["MARBLE_CHECKPOINT_DIR"]) / "step.json"
+step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+proto.restored(step)
+target = int(os.environ["MARBLE_TARGET_STEPS"])
+while step < target:
+    flag = torch.tensor([int(proto.suspend_requested)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        if rank == 0:
+            ckpt.write_text(json.dumps({"step": step}))
+            proto.acknowledge(step)
+        os._exit(0)
+    time.sleep(0.02)
+    step += 1
+    proto.report(step)
+    if step == 5:
+        Path(f"trained-{tag}").touch()
+if rank == 0:
+    ckpt.write_text(json.dumps({"step": step}))
+    proto.report(step, force=True)
+os._exit(0)
+'''
+
+PROFILE = """system: two-gpu
+gpus_per_node: 2
+models:
+  two: {steps_per_second: [1.0, 1.8]}
+"""
+
+
+def _ranks(workdir: Path, run_id: int) -> list[dict]:
+    found = sorted(workdir.glob(f"rank-{run_id}-*.json"))
+    return [json.loads(p.read_text()) for p in found]
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie no one has reaped yet counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _job(d, job_id: int) -> dict:
+    return d.client.get(f"/v1/jobs/{job_id}")
+
+
+def _log(d, job_id: int, run_id: int, stream: str) -> str:
+    return (d.state_dir / "jobs" / str(job_id) / f"run-{run_id}.{stream}.log").read_text()
+
+
+def test_a_per_gpu_job_runs_a_rank_on_each_gpu_with_the_rendezvous(daemon_factory, tmp_path):
+    """Two ranks in the run's own process group, each on its own GPU, find each other through
+    MASTER_ADDR/MASTER_PORT (a real gloo all-reduce); each line of their output is in the
+    run's log behind its rank; the job shows per_gpu."""
+    pytest.importorskip("torch")
+    (tmp_path / "rank.py").write_text(RANK)
+    d = daemon_factory(gpus=2, env=ENV)
+    (job,) = d.submit({"command": [sys.executable, "rank.py", "gloo"], "gpus": 2,
+                       "per_gpu": True, "chdir": str(tmp_path)})
+    (done,) = d.wait_all(timeout=60)
+    assert done["state"] == "done", done
+    assert done["per_gpu"] is True
+    (run,) = d.runs()
+    ranks = _ranks(tmp_path, run["id"])
+    envs = [r["env"] for r in ranks]
+    # as under torchrun: each sees the run's GPUs, LOCAL_RANK says which is its own
+    assert [(e["RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == \
+        [("0", "0", "0,1"), ("1", "1", "0,1")]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["NODE_RANK"], e["MASTER_ADDR"],
+             e["MASTER_PORT"], e["MARBLE_CHECKPOINT_DIR"], e["MARBLE_PER_GPU"])
+            for e in envs} == {("2", "2", "0", "127.0.0.1", envs[0]["MASTER_PORT"],
+                                envs[0]["MARBLE_CHECKPOINT_DIR"], "1")}
+    assert [r["pgid"] for r in ranks] == [run["pid"], run["pid"]]  # killpg reaches both
+    assert [(tmp_path / f"sum-{run['id']}-{r}").read_text() for r in (0, 1)] == ["3", "3"]
+    out, err = (_log(d, job["id"], run["id"], s) for s in ("stdout", "stderr"))
+    assert sorted(out.splitlines()) == ["[rank 0] out of rank 0", "[rank 1] out of rank 1"]
+    assert "[rank 0] err of rank 0" in err.splitlines()
+    assert "[rank 1] err of rank 1" in err.splitlines()
+
+
+def test_a_rank_that_fails_ends_the_run_and_stops_the_others(daemon_factory, tmp_path):
+    (tmp_path / "rank.py").write_text(RANK)
+    d = daemon_factory(gpus=2, env=ENV)
+    (job,) = d.submit({"command": [sys.executable, "rank.py", "fail"], "gpus": 2,
+                       "per_gpu": True, "chdir": str(tmp_path)})
+    started = time.monotonic()
+    (failed,) = d.wait_all(timeout=30)
+    assert time.monotonic() - started < 20  # not rank 0's 60 s
+    assert failed["state"] == "failed"
+    assert "rank 1 of 2 exited with code 3" in failed["reason"], failed["reason"]
+    (run,) = d.runs()
+    assert run["exit_code"] == 3
+    rank0 = _ranks(tmp_path, run["id"])[0]
+    assert _gone(rank0["pid"])
+    assert "marbled: rank 1 exited with 3; stopping the other 1 rank(s)" in \
+        _log(d, job["id"], run["id"], "stderr")
+    (event,) = [json.loads(e["data"]) for e in d.query(
+        "SELECT data FROM events WHERE kind = 'failed' OR (kind LIKE '%end%' AND run_id = ?)",
+        run["id"]) if e["data"] and "rank" in json.loads(e["data"])]
+    assert event["rank"] == 1
+
+
+def test_two_emulated_nodes_run_a_rank_on_every_gpu_of_both(daemon_factory, tmp_path):
+    (tmp_path / "rank.py").write_text(RANK)
+    d = daemon_factory("--nodes", "2", gpus=2, env=ENV)
+    d.submit({"command": [sys.executable, "rank.py", "env"], "gpus": 2, "nodes": 2,
+              "per_gpu": True, "chdir": str(tmp_path)})
+    (done,) = d.wait_all(timeout=30)
+    assert done["state"] == "done", done
+    (run,) = d.runs()
+    assert run["node"] == "node0,node1"
+    envs = [r["env"] for r in _ranks(tmp_path, run["id"])]
+    assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"])
+            for e in envs] == [("0", "0", "0", "0,1"), ("1", "0", "1", "0,1"),
+                               ("2", "1", "0", "0,1"), ("3", "1", "1", "0,1")]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) for e in envs} == {("4", "2")}
+    # MultiWorkerMirroredStrategy's cluster: the four ranks, each its own index
+    configs = [json.loads(e["TF_CONFIG"]) for e in envs]
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(4)]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(set(workers)) == 4 and all(c["cluster"]["worker"] == workers for c in configs)
+
+
+def _torchrun(tmp_path: Path) -> list[str]:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not Path(torchrun).exists():
+        pytest.skip("no torchrun")
+    (tmp_path / "worker.py").write_text(WORKER)
+    # as a user types it: the broker, not a shell, puts the run's GPU count in
+    return [torchrun, "--standalone", "--nproc-per-node=$MARBLE_GPUS", "worker.py", "train"]
+
+
+def _worker_pids(tmp_path: Path, run_id: int, count: int = 2) -> list[int] | None:
+    """The pids the run's workers wrote; None until each has written its own."""
+    texts = [p.read_text() if p.exists() else "" for p in
+             (tmp_path / f"worker-{run_id}-{r}.pid" for r in range(count))]
+    return [int(t) for t in texts] if all(texts) else None
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "per_gpu"])
+def test_ranks_are_suspended_and_resumed(daemon_factory, tmp_path, launch):
+    """torchrun: SIGTSTP to its group alone reaches no worker (each is in its own session),
+    so the broker signals the workers' groups too. per_gpu: one killpg reaches every rank.
+    Either way the ranks agree, rank 0 acknowledges, all exit, and the job resumes from that
+    step and finishes."""
+    pytest.importorskip("torch")
+    if launch == "torchrun":
+        job = {"command": _torchrun(tmp_path)}
+    else:
+        (tmp_path / "worker.py").write_text(WORKER)
+        job = {"command": [sys.executable, "worker.py", "train"], "per_gpu": True}
+    profile = tmp_path / "two-gpu.yaml"
+    profile.write_text(PROFILE)
+    # no report before the suspension: the broker's request file, read with each report,
+    # would stop the ranks without the signal (the signal is what is tested here)
+    d = daemon_factory("--profile", str(profile), gpus=2,
+                       env={**ENV, "MARBLE_REPORT_INTERVAL": "600"})
+    (job,) = d.submit({**job, "model": "two", "steps": 150, "chdir": str(tmp_path)})
+    d.wait_for(lambda: all((tmp_path / f"trained-1-{r}").exists() for r in (0, 1)),
+               timeout=60, what="training")
+    d.client.post(f"/v1/jobs/{job['id']}/suspend", {})
+    first = d.wait_for(lambda: [r for r in d.runs() if r["ended_at"]], timeout=30,
+                       what="the suspension")[0]
+    assert first["end_reason"] == "suspended" and first["end_step"] > 0, dict(first)
+    assert all((tmp_path / f"tstp-{first['id']}-{r}").exists() for r in (0, 1))
+    pids = _worker_pids(tmp_path, first["id"])
+    assert pids and all(_gone(pid) for pid in pids)
+    (done,) = d.wait_all(timeout=60)
+    assert done["state"] == "done", done
+    second = d.runs()[1]
+    assert second["start_step"] == first["end_step"] and second["end_step"] == 150
+
+
+def test_no_torchrun_worker_outlives_its_run(daemon_factory, tmp_path):
+    """Workers that ignore SIGTSTP and SIGTERM: the escalation's SIGKILL reaches them, not
+    only the agent (whose death would leave them training)."""
+    pytest.importorskip("torch")
+    command = [*_torchrun(tmp_path)[:-1], "stubborn"]
+    d = daemon_factory("--kill-timeout", "0.5", gpus=2, env=ENV)
+    (job,) = d.submit({"command": command, "gpus": 2, "chdir": str(tmp_path)})
+    (run,) = d.wait_for(lambda: [r for r in d.runs() if r["pid"]], what="the run")
+    pids = d.wait_for(lambda: _worker_pids(tmp_path, run["id"]), timeout=60, what="workers")
+    d.client.post(f"/v1/jobs/{job['id']}/cancel", {})
+    (ended,) = d.wait_all(timeout=30)
+    assert ended["state"] == "cancelled"
+    d.wait_for(lambda: all(_gone(pid) for pid in pids), timeout=5, what="the workers' end")
+    kinds = [(e["kind"], json.loads(e["data"] or "{}").get("signal"))
+             for e in d.query("SELECT kind, data FROM events WHERE run_id = ?", run["id"])]
+    assert ("stop", "SIGKILL") in kinds
+
+
+def _ranks_process(tmp_path: Path, count: int, *command: str):
+    """marbled.batch.ranks run as the local launcher runs it (its own session), on `count`
+    ranks."""
+    envs = json.dumps([{"RANK": str(r)} for r in range(count)])
+    return subprocess.run([sys.executable, "-m", "marbled.batch.ranks", envs, *command],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          start_new_session=True)
+
+
+def test_ranks_that_end_at_once_are_all_seen_to_end(tmp_path):
+    """Ranks that exit before the next one starts (a dropped Popen would be reaped by the
+    next Popen, and never seen to end)."""
+    done = _ranks_process(tmp_path, 4, "true")
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_the_run_ends_as_its_failed_rank_did(tmp_path):
+    """Rank 1 killed: the run ends killed by the same signal; rank 0 and what either rank
+    started (a `sleep` each, which holds its output open) are killed; every line is kept."""
+    done = _ranks_process(tmp_path, 2, "sh", "-c",
+                          'sleep 30 & echo $! > sleep-$RANK.pid; '
+                          'echo "half a line" | tr -d "\\n"; sleep 0.5; '
+                          '[ "$RANK" = 1 ] && kill -9 $$; wait')
+    assert done.returncode == -signal.SIGKILL
+    pids = [int((tmp_path / f"sleep-{r}.pid").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 5  # SIGKILLed (not our children: not waited for)
+    while not all(_gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a rank's process outlived the run"
+        time.sleep(0.02)
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] half a line", "[rank 1] half a line"]
+    assert "marbled: rank 1 was killed by signal 9; stopping the other 1 rank(s)" in done.stderr
