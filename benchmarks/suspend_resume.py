@@ -13,14 +13,20 @@ SQLite log and the job's start-up marks it reports medians of:
              import, model build, restore, first step
   gap        SIGTSTP sent -> first step of the resumed run (what the GPUs sit idle)
 
-    .venv/bin/python benchmarks/suspend_resume.py [--cycles 5] [--framework tf torch]
-        [--arch lenet resnet] [--prestart ahead|suspend|off] [--run-seconds 6] [--slow-exit]
+DDP rows (`--ddp-ranks`, issue 25): train_ddp.py as a --per-gpu job on N emulated GPUs, the
+only job, so that each suspension resumes it at once on N ranks (gloo on the CPU); then the
+stop agreement's cost per step, as benchmarks/ddp_agreement.py measures it, for N >= 2.
+
+    .venv/bin/python benchmarks/suspend_resume.py [--cycles 5] [--framework [tf torch]]
+        [--arch lenet resnet] [--ddp-ranks [1 2 4]] [--agreement-steps 1000]
+        [--prestart ahead|suspend|off] [--run-seconds 6] [--slow-exit]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import statistics
 import sys
@@ -28,13 +34,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from marbled import examples
-from marbled.cli.client import BrokerClient
-from marbled.demo import start_broker
-from marbled.paths import DB_NAME, socket_path
-from marbled.worker.protocol import PROGRESS_FILE, read_json
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # benchmarks.* from the checkout (PYTHONPATH wins)
+
+from benchmarks.ddp_agreement import measure as measure_agreement  # noqa: E402
+from benchmarks.ddp_agreement import steps_for  # noqa: E402
+from marbled import examples  # noqa: E402
+from marbled.cli.client import BrokerClient  # noqa: E402
+from marbled.demo import start_broker  # noqa: E402
+from marbled.paths import DB_NAME, socket_path  # noqa: E402
+from marbled.worker.protocol import PROGRESS_FILE, read_json  # noqa: E402
 
 SCRIPTS = {fw: examples.SCRIPTS / examples.EXAMPLES[fw].file for fw in ("tf", "torch")}
+DDP_SCRIPT = examples.SCRIPTS / examples.EXAMPLES["ddp"].file
 PHASES = ("python", "imported", "built", "restored", "first_step")
 
 
@@ -68,27 +81,49 @@ def checkpoint_bytes(ckpt_dir: Path) -> int:
 
 def measure(framework: str, arch: str, cycles: int, prestart: str, run_seconds: float,
             job_args: tuple[str, ...] = ()) -> dict:
-    script = SCRIPTS[framework]
     model = "lenet" if arch == "lenet" else "resnet-50"
+    job = {"model": model, "steps": 10**9, "command": [
+        sys.executable, str(SCRIPTS[framework]), "--arch", arch, "--steps", str(10**9),
+        *job_args]}
+    # 2 GPUs, one held by a rigid filler: the job (optimal 2) runs as a secondary on
+    # the other, the kind of run MARBLE suspends, and stays one after each resume.
+    return cycle(job, 2, ("--prestart", prestart), cycles, run_seconds, filler=True)
+
+
+def measure_ddp(world: int, cycles: int, prestart: str, run_seconds: float) -> dict:
+    """train_ddp.py as a per-GPU job on `world` GPUs (a profile whose best count is
+    `world`), the only job: each suspension resumes it at once on its `world` ranks."""
+    with tempfile.TemporaryDirectory(prefix="marble-bench-ddp-") as tmp:
+        profile = Path(tmp) / "ddp.yaml"
+        curve = [round(1 + 0.9 * g, 2) for g in range(world)]  # rising: the best is all
+        profile.write_text(f"system: ddp\ngpus_per_node: {world}\n"
+                           f"models:\n  ddp: {{steps_per_second: {curve}}}\n")
+        job = {"model": "ddp", "steps": 10**9, "per_gpu": True, "command": [
+            sys.executable, str(DDP_SCRIPT), "--steps", str(10**9), "--batch", "16"]}
+        return cycle(job, world, ("--profile", str(profile), "--prestart", prestart), cycles,
+                     run_seconds, filler=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def cycle(job: dict, gpus: int, extra: tuple[str, ...], cycles: int, run_seconds: float,
+          filler: bool, env: dict | None = None) -> dict:
+    """`job` on a broker of `gpus` emulated GPUs (with `filler`: a rigid job on one of
+    them first), suspended `cycles` times; the medians of `summarize`."""
     with tempfile.TemporaryDirectory(prefix="marble-bench-") as tmp:
         state = Path(tmp) / "state"
-        # 2 GPUs, one held by a rigid filler: the job (optimal 2) runs as a secondary on
-        # the other, the kind of run MARBLE suspends, and stays one after each resume.
-        proc = start_broker(state, "marble", 2, 1.0, ("--prestart", prestart))
+        proc = start_broker(state, "marble", gpus, 1.0, extra, env=env)
         try:
             client = BrokerClient(socket_path(state))
-            client.post("/v1/jobs", {"gpus": 1, "command": ["sleep", "100000"]})
-            job = client.post("/v1/jobs", {"model": model, "steps": 10**9, "command": [
-                sys.executable, str(script), "--arch", arch, "--steps", str(10**9),
-                *job_args]})["jobs"][0]
-            run = wait_first_step(client, state, job["id"], None)
+            if filler:
+                client.post("/v1/jobs", {"gpus": 1, "command": ["sleep", "100000"]})
+            job_id = client.post("/v1/jobs", job)["jobs"][0]["id"]
+            run = wait_first_step(client, state, job_id, None)
             for _ in range(cycles):
                 time.sleep(run_seconds)  # a run trains a while before it is suspended
-                client.post(f"/v1/jobs/{job['id']}/suspend")
-                run = wait_first_step(client, state, job["id"], run)
-            size = checkpoint_bytes(state / "jobs" / str(job["id"]) / "checkpoint")
-            client.post(f"/v1/jobs/{job['id']}/cancel")
-            client.post("/v1/jobs/1/cancel")
+                client.post(f"/v1/jobs/{job_id}/suspend")
+                run = wait_first_step(client, state, job_id, run)
+            size = checkpoint_bytes(state / "jobs" / str(job_id) / "checkpoint")
+            for other in range(1, job_id + 1):
+                client.post(f"/v1/jobs/{other}/cancel")
             client.post("/v1/shutdown")
             proc.wait(timeout=120)
         finally:
@@ -134,8 +169,12 @@ def summarize(db: Path, size: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=5)
-    ap.add_argument("--framework", nargs="+", choices=sorted(SCRIPTS), default=["tf", "torch"])
+    ap.add_argument("--framework", nargs="*", choices=sorted(SCRIPTS), default=["tf", "torch"])
     ap.add_argument("--arch", nargs="+", choices=["lenet", "resnet"], default=["lenet", "resnet"])
+    ap.add_argument("--ddp-ranks", nargs="*", type=int, default=[1, 2, 4], metavar="N",
+                    help="DDP rows: train_ddp.py with --per-gpu on N emulated GPUs (none: skip)")
+    ap.add_argument("--agreement-steps", type=int, default=1000,
+                    help="steps per setting of the stop agreement's cost (ddp_agreement.py)")
     ap.add_argument("--prestart", choices=["ahead", "suspend", "off"], default="ahead",
                     help="the broker's --prestart mode")
     ap.add_argument("--run-seconds", type=float, default=6.0,
@@ -148,12 +187,38 @@ def main() -> None:
     print(f"medians in seconds over {args.cycles} cycles, --prestart {args.prestart}"
           + (", slow exit" if args.slow_exit else ""))
     print(f"{'job':14}{'ckpt MB':>8}" + "".join(f"{c:>11}" for c in cols))
+
+    def row(label: str, r: dict) -> None:
+        print(f"{label:14}{r['checkpoint_mb']:>8.2f}" + "".join(f"{r[c]:>11.3f}" for c in cols),
+              flush=True)
+
     for fw in args.framework:
         for arch in args.arch:
-            r = measure(fw, arch, args.cycles, args.prestart, args.run_seconds,
-                        ("--no-fast-exit",) if args.slow_exit else ())
-            print(f"{fw + '/' + arch:14}{r['checkpoint_mb']:>8.2f}"
-                  + "".join(f"{r[c]:>11.3f}" for c in cols), flush=True)
+            row(f"{fw}/{arch}", measure(fw, arch, args.cycles, args.prestart, args.run_seconds,
+                                        ("--no-fast-exit",) if args.slow_exit else ()))
+    for world in args.ddp_ranks:
+        row(f"ddp/{world} rank{'s' * (world > 1)}",
+            measure_ddp(world, args.cycles, args.prestart, args.run_seconds))
+    if args.ddp_ranks:
+        print("ddp: per-GPU jobs are never prestarted (their ranks depend on the GPUs they get):"
+              " every resume starts cold, whatever --prestart says")
+        agreement(sorted({w for w in args.ddp_ranks if w > 1}), args.agreement_steps)
+
+
+def agreement(worlds: list[int], steps: int) -> None:
+    """The stop agreement's cost per step, measured by benchmarks/ddp_agreement.py."""
+    print("stop agreement (ddp_agreement.py, gloo on the CPU, medians of 3 rounds): "
+          "share of a step spent agreeing")
+    print(f"{'ranks':>5} {'step':>8} {'step ms':>8} {'k=1':>8} {'check us':>9} {'adaptive':>9} "
+          f"{'k':>4}")
+    for world in worlds:
+        for sleep_ms in (0.0, 50.0):
+            t = measure_agreement(world, steps_for(steps, sleep_ms), 3, sleep_ms)
+            one, auto = t["k=1"], t["adaptive"]
+            label = "bare" if sleep_ms == 0 else f"+{sleep_ms:g} ms"
+            print(f"{world:>5} {label:>8} {t['never']['step_ms']:8.2f} "
+                  f"{100 * one['agree_share']:7.2f}% {one['check_us']:9.0f} "
+                  f"{100 * auto['agree_share']:8.2f}% {auto['k_last']:4.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ class Example(NamedTuple):
 
 EXAMPLES = {
     "torch": Example(
-        "train_torch.py", "PyTorch: LeNet-5 or a small ResNet, on synthetic data",
+        "train_torch.py", "PyTorch: LeNet-5 or a small ResNet, on synthetic data; DDP too",
         "marble submit --model lenet --steps 400 -- python train_torch.py --arch lenet"),
     "tf": Example(
         "train_tf.py", "TensorFlow 2 / Keras 3: the same; a tf.function loop or model.fit",

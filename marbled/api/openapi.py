@@ -23,6 +23,7 @@ LOG_PAGE = 1024 * 1024  # ... &limit=: the bytes of a page by default
 MAX_LOG_BYTES = 4 * 1024 * 1024  # ... at most, and by default with &tail=
 MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
+MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
@@ -204,7 +205,12 @@ SPEC = {
                  "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_BYTES}},
                 {"name": "tail", "in": "query",
                  "description": "only the last N lines (within `limit` bytes, from `offset`)",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}}],
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
+                {"name": "rank", "in": "query",
+                 "description": "a per-GPU job's run: only this rank's lines, without their "
+                                "`[rank N] ` prefix (`offset`s stay the whole log's). 409 if "
+                                "the job is not per-GPU or the run has no such rank",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RANK}}],
             "responses": _answer("the page")}},
         "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
                                               "parameters": [JOB_ID],

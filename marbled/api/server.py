@@ -6,7 +6,7 @@
                                list jobs (FIFO order): in state S (repeatable), named X, the
                                first N after job ID; `next` is the `after` of the next page
   GET  /v1/jobs/{id}           one job with its runs
-  GET  /v1/jobs/{id}/log[?stream=stdout|stderr&run=R&offset=B&limit=B&tail=N]
+  GET  /v1/jobs/{id}/log[?stream=stdout|stderr&run=R&offset=B&limit=B&tail=N&rank=K]
                                a page of a run's output (the latest run's by default), as
                                JSON with the offset that continues it: clients follow by polling
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
@@ -50,6 +50,7 @@ from marbled.api.openapi import (
     MAX_LOG_LINES,
     MAX_OFFSET,
     MAX_PAGE,
+    MAX_RANK,
     for_broker,
 )
 from marbled.core.admission import in_batch
@@ -267,7 +268,9 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         lines = _whole(request, "tail", 1, MAX_LOG_LINES)
         limit = _whole(request, "limit", 1, MAX_LOG_BYTES) or \
             (LOG_PAGE if lines is None else MAX_LOG_BYTES)
-        return web.json_response(await views.log(job_id, run, stream, offset, limit, lines))
+        rank = _whole(request, "rank", 0, MAX_RANK)
+        return web.json_response(await views.log(job_id, run, stream, offset, limit, lines,
+                                                 rank))
 
     @routes.post("/v1/jobs/{job_id}/cancel")
     async def cancel(request: web.Request) -> web.Response:

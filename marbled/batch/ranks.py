@@ -47,6 +47,11 @@ LOCAL_ADDR = "127.0.0.1"  # every node of a local broker is this host
 MAX_LINE = 64 * 1024  # a rank's line longer than this is cut into several prefixed ones
 
 
+def rank_prefix(rank: int) -> bytes:
+    """What begins every line rank `rank` prints, in the run's logs (`marble logs --rank`)."""
+    return f"[rank {rank}] ".encode()
+
+
 def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
     """`count` distinct TCP ports free on `host` now (the kernel's picks, all held until
     every one is known so that none repeats)."""
@@ -185,7 +190,7 @@ def main(argv: list[str]) -> None:
         ranks[proc.pid] = rank
         procs.append(proc)
         for pipe, fd in ((proc.stdout, 1), (proc.stderr, 2)):
-            relay = threading.Thread(target=_relay, args=(pipe, fd, f"[rank {rank}] ".encode()),
+            relay = threading.Thread(target=_relay, args=(pipe, fd, rank_prefix(rank)),
                                      daemon=True)
             relay.start()
             relays.append(relay)

@@ -20,24 +20,24 @@ from marbled.cli.common import FINAL, call, client, job_id, json_option, output
 
 
 def page(api: BrokerClient, job: int, stream: str, run: int | None = None,
-         offset: int = 0, lines: int | None = None) -> dict:
-    """One page of a run's log (the latest run's when `run` is None)."""
+         offset: int = 0, lines: int | None = None, rank: int | None = None) -> dict:
+    """One page of a run's log (the latest run's when `run` is None); with `rank`, only that
+    rank's lines."""
     query = {"stream": stream, "offset": offset}
-    if run is not None:
-        query["run"] = run
-    if lines is not None:
-        query["tail"] = lines
+    for name, value in (("run", run), ("tail", lines), ("rank", rank)):
+        if value is not None:
+            query[name] = value
     return call(api.get, f"/v1/jobs/{job}/log?{urlencode(query)}")
 
 
 def pages(api: BrokerClient, job: int, stream: str, run: int | None,
-          lines: int | None) -> Iterator[dict]:
+          lines: int | None, rank: int | None = None) -> Iterator[dict]:
     """A run's log as it is now, page after page (a 10 GB log is never held whole)."""
-    doc = page(api, job, stream, run, lines=lines)
+    doc = page(api, job, stream, run, lines=lines, rank=rank)
     yield doc
     end = doc["size"]  # what there was when asked: a job that prints on is not chased
     while doc["run"] is not None and doc["next_offset"] < end:
-        doc = page(api, job, stream, doc["run"]["id"], doc["next_offset"])
+        doc = page(api, job, stream, doc["run"]["id"], doc["next_offset"], rank=rank)
         yield doc
 
 
@@ -81,14 +81,15 @@ class Printer:
 
 
 def follow(api: BrokerClient, job: int, stream: str, run: int | None,
-           lines: int | None, interval: float, printer: Printer, from_first: bool) -> str:
+           lines: int | None, interval: float, printer: Printer, from_first: bool,
+           rank: int | None = None) -> str:
     """Print the run's log (the latest run's, or with `from_first` the first's) as it grows,
     then each later run's, until the job ends; its final state. `lines` cuts what there
     was at the start (of each run then), not what comes after."""
-    doc = page(api, job, stream, run, lines=lines)
+    doc = page(api, job, stream, run, lines=lines, rank=rank)
     older = set(doc["runs"])
     if from_first and doc["runs"] and doc["runs"][0] != doc["run"]["id"]:
-        doc = page(api, job, stream, doc["runs"][0], lines=lines)
+        doc = page(api, job, stream, doc["runs"][0], lines=lines, rank=rank)
     offset = 0
     while True:
         printer.write(doc)
@@ -106,7 +107,7 @@ def follow(api: BrokerClient, job: int, stream: str, run: int | None,
                 return doc["state"]
             time.sleep(interval)
             after = (run, offset, None)
-        doc = page(api, job, stream, *after)
+        doc = page(api, job, stream, *after, rank=rank)
 
 
 @click.command()
@@ -120,21 +121,25 @@ def follow(api: BrokerClient, job: int, stream: str, run: int | None,
                    "the latest run's.")
 @click.option("--all-runs", is_flag=True,
               help="Every run's output in turn, each under a header line.")
+@click.option("--rank", type=click.IntRange(0), metavar="N",
+              help="A per-GPU job (--per-gpu): only rank N's lines, without their "
+                   "'[rank N] ' prefix.")
 @click.option("-n", "--tail", "lines", type=click.IntRange(1), metavar="N",
               help="Only the last N lines (of each run shown). [default: all]")
 @click.option("--interval", type=click.FloatRange(0.05), default=0.5, show_default=True,
               help="With -f: seconds between looks for new output.")
 @json_option
 @click.pass_context
-def logs(ctx, ref, following, stderr, run_id, all_runs, lines, interval, as_json):
+def logs(ctx, ref, following, stderr, run_id, all_runs, rank, lines, interval, as_json):
     """A job's output (JOB: its id or name): its latest run's stdout, or --stderr,
-    --run RUN, --all-runs.
+    --run RUN, --all-runs, --rank N.
 
     \b
       marble logs 5                  what job 5's latest run printed
       marble logs 5 -f               ... and on, through suspensions, until it ends
       marble logs 5 --all-runs -n 20 the last 20 lines of every run, with headers
       marble logs 5 --stderr         why it failed, often
+      marble logs 5 --rank 1         rank 1's lines of a per-GPU job
 
     A job runs anew after each suspension (a run): each run's output is kept
     apart, under STATE_DIR/jobs/<id>/run-<run>.stdout.log and .stderr.log.
@@ -155,9 +160,9 @@ def logs(ctx, ref, following, stderr, run_id, all_runs, lines, interval, as_json
     printer = Printer(headers=following or all_runs)
     try:
         if following:
-            state = follow(api, job, stream, run_id, lines, interval, printer, all_runs)
+            state = follow(api, job, stream, run_id, lines, interval, printer, all_runs, rank)
             ctx.exit(0 if state == "done" else 1)
-        latest = pages(api, job, stream, run_id, lines)
+        latest = pages(api, job, stream, run_id, lines, rank)
         first = next(latest)
         shown = first["runs"] if all_runs else [first["run"]["id"]] if first["run"] else []
 
@@ -167,7 +172,7 @@ def logs(ctx, ref, following, stderr, run_id, all_runs, lines, interval, as_json
                     yield first
                     yield from latest
                 else:
-                    yield from pages(api, job, stream, rid, lines)
+                    yield from pages(api, job, stream, rid, lines, rank)
 
         if as_json:
             output(ctx, True, _as_json(first, every(), stream), lambda: None)

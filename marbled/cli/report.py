@@ -102,8 +102,13 @@ def _epilog() -> str:
 @click.option("--profile",
               help="For the throughput report: the profile to compare with (a name or YAML "
                    "path). [default: the one the broker ran with]")
+@click.option("--slurm", is_flag=True,
+              help="Instead of NAME: each run launched as a Slurm job step beside Slurm's "
+                   "accounting of the step (state, exit code, elapsed, CPU time, MaxRSS; "
+                   "pyslurm's slurmdb API, else sacct), flagged where the two disagree. Run "
+                   "it on a node of the cluster; it says so when Slurm keeps no accounting.")
 @click.pass_context
-def report(ctx, name, state_dir, db, as_json, as_csv, png, profile):
+def report(ctx, name, state_dir, db, as_json, as_csv, png, profile, slurm):
     """Reports on a broker's state file, offline: no broker needed, the file is only read.
 
     Runs one of the named queries of sql/reports.sql (staff with only sqlite3 run
@@ -120,6 +125,7 @@ def report(ctx, name, state_dir, db, as_json, as_csv, png, profile):
       marble report timeline --db marble.db --csv > timeline.csv
       marble report throughput --profile site.yaml
       marble report --png gpus.png           # the GPUs over time, like Figure 5
+      marble report --slurm                  # the runs beside Slurm's accounting (sacct)
       sqlite3 -header -column marble.db < sql/reports.sql   # the same, without marble
     """
     root = ctx.find_root().obj or {}
@@ -127,6 +133,8 @@ def report(ctx, name, state_dir, db, as_json, as_csv, png, profile):
         raise click.UsageError("give either --db FILE or --state-dir DIR, not both")
     if as_csv and (as_json or root.get("json")):
         raise click.UsageError("give either --json or --csv")
+    if slurm and name is not None:
+        raise click.UsageError(f"give either a report NAME ({name}) or --slurm, not both")
     queries = load_queries()
     if name is not None and name not in queries:
         raise click.BadParameter(f"no report named '{name}'; the reports are: "
@@ -137,7 +145,8 @@ def report(ctx, name, state_dir, db, as_json, as_csv, png, profile):
     except StateFileError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        doc, columns, rows, text = _build(con, queries, name, profile, path)
+        doc, columns, rows, text = (_slurm(con, path) if slurm
+                                    else _build(con, queries, name, profile, path))
         if png:
             _png(con, queries, png, path)
             doc["png"] = str(png)
@@ -147,6 +156,8 @@ def report(ctx, name, state_dir, db, as_json, as_csv, png, profile):
         con.close()
     if as_csv:
         write_csv(columns, rows)
+        if slurm:  # the rows alone do not say why Slurm's columns are empty
+            click.echo(doc["accounting"]["note"], err=True)
         if png:
             click.echo(f"GPU timeline: {png}", err=True)
         return
@@ -181,6 +192,15 @@ def _build(con, queries, name, profile, path) -> tuple[dict, list[str], list[dic
         head += f"\n{note}; ratio = measured / profile"
     doc.update(columns=columns, rows=rows)
     return doc, columns, rows, f"{head}\n{format_table(columns, rows)}"
+
+
+def _slurm(con, path) -> tuple[dict, list[str], list[dict], str]:
+    """`--slurm`, as _build gives a report."""
+    from marbled.report.slurm_accounting import slurm_report
+
+    doc, head = slurm_report(con)
+    doc = {"database": str(path), **doc}
+    return doc, doc["columns"], doc["rows"], f"{head}\n{format_table(doc['columns'], doc['rows'])}"
 
 
 def _summary_text(path, s: dict, total: dict | None, reports: dict[str, str]) -> str:

@@ -299,11 +299,13 @@ class Ledger:
         self._later(lambda con: con.execute(*args), soon=False)
 
     def run_placed(self, job_id: int, run_id: int, info: dict, at: float) -> None:
-        """Where the batch system really put a run (which GPUs, which step)."""
+        """Where the batch system really put a run (which GPUs, which step; under Slurm the
+        job too, which `marble report --slurm` joins with Slurm's accounting)."""
         with self._tx() as con:
             con.execute("UPDATE runs SET devices = ? WHERE id = ?", (info.get("gpus"), run_id))
             self._log(con, "placed", job_id, run_id, at, node=info.get("node"),
-                      devices=info.get("gpus"), step=info.get("step_id"), host=info.get("host"))
+                      devices=info.get("gpus"), step=info.get("step_id"), host=info.get("host"),
+                      slurm_job=info.get("job_id"))
 
     def run_ended(self, job_id: int, run_id: int, *, at: float, exit_code: int | None,
                   reason: str, detail: str, end_step: int | None = None,

@@ -8,7 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from marbled.core.errors import NotFound
+from marbled.core.errors import Never, NotFound
 from marbled.core.explain import reasons
 from marbled.core.learning import LearnedBook
 from marbled.core.model import JobState
@@ -166,9 +166,10 @@ class Views:
         return view
 
     async def log(self, job_id: int, run_id: int | None, stream: str, offset: int,
-                  limit: int, lines: int | None) -> dict:
+                  limit: int, lines: int | None, rank: int | None = None) -> dict:
         """A page of one run's output (the job's latest run if `run_id` is None), with what
-        a client following it needs: the job's state, its runs, whether the run has ended.
+        a client following it needs: the job's state, its runs, whether the run has ended;
+        with `rank`, only that rank's lines of a per-GPU job's run (a rank per GPU).
         The file is read in a thread: a log may sit on a slow shared file system."""
         b = self.broker
         rows = b.store.jobs([job_id])
@@ -180,8 +181,10 @@ class Views:
         if run is None and run_id is not None:
             raise NotFound(f"job {job_id} has no run {run_id}; its runs are "
                            f"{', '.join(str(r.id) for r in runs) or 'none yet'}", "run")
+        if rank is not None:
+            _check_rank(rows[0], run, rank)
         page = await asyncio.to_thread(b.files.read_log, job_id, run.id, stream, offset, limit,
-                                       lines) if run else \
+                                       lines, rank) if run else \
             NO_OUTPUT
         job = b.state.jobs.get(job_id)
         return {"job_id": job_id, "state": (job.state if job else JobState(rows[0].state)).value,
@@ -276,6 +279,18 @@ class Views:
     def runs(self) -> dict:
         return {"runs": [run_view(r) for r in self.broker.store.runs()],
                 "started_at": self.broker.started_at}
+
+
+def _check_rank(job, run, rank: int) -> None:
+    """A rank that the job's run (if it has one) has: one per GPU of a per-GPU job. Never,
+    not Invalid: the rank is well formed, and another job or run may have it."""
+    if not job.per_gpu:
+        raise Never(f"job {job.id} is not a per-GPU job (submitted without --per-gpu): its "
+                      "log has no ranks; leave out the rank", "rank")
+    world = len(run_view(run)["gpus"]) if run else None
+    if world is not None and rank >= world:
+        raise Never(f"run {run.id} of job {job.id} has {world} rank(s), 0 to {world - 1} "
+                      f"(one per GPU): there is no rank {rank}", "rank")
 
 
 def run_view(r) -> dict:

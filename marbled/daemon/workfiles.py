@@ -13,6 +13,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from marbled.batch.ranks import rank_prefix
 from marbled.core.failures import TAIL_BYTES, tail
 from marbled.worker.protocol import (
     ACK_FILE,
@@ -145,11 +146,12 @@ class JobFiles:
             return ""
 
     def read_log(self, job_id: int, run_id: int, stream: str, offset: int, limit: int,
-                 lines: int | None = None) -> dict:
+                 lines: int | None = None, rank: int | None = None) -> dict:
         """At most `limit` bytes of a run's log from byte `offset`, or its last `lines`
         lines (none before `offset`), as text: {offset, next_offset, size, text}. A page
         cut by `limit` ends at a line's end (or a whole character), so `next_offset`
-        continues it; a log of any size costs one read of `limit` bytes."""
+        continues it; a log of any size costs one read of `limit` bytes. With `rank`, only
+        that rank's lines of a per-GPU run, without their prefix (`rank_page`)."""
         try:
             f = open(self.log(job_id, run_id, stream), "rb")  # noqa: SIM115
         except FileNotFoundError:  # the run has not started, or printed nothing yet
@@ -161,13 +163,37 @@ class JobFiles:
                 start = max(start, size - limit)
                 f.seek(start)
                 data = f.read(size - start)
+                if rank is not None:
+                    return rank_page(data, start, size, rank, lines,
+                                     whole=start == 0 or start == offset)
                 skip = tail_start(data, lines, whole=start == 0 or start == offset)
                 start, data = start + skip, data[skip:]
             else:
                 f.seek(start)
                 data = f.read(min(limit, size - start))
+                if rank is not None:
+                    return rank_page(data, start, size, rank)
         text, used = page_text(data, cut=start + len(data) < size)
         return {"offset": start, "next_offset": start + used, "size": size, "text": text}
+
+
+def rank_page(data: bytes, start: int, size: int, rank: int, lines: int | None = None,
+              whole: bool = True) -> dict:
+    """A page of rank `rank`'s lines in `data` (the log's bytes from `start`), the
+    `[rank N] ` prefix taken off; with `lines`, its last `lines` of them. A page cut short
+    of the log's end ends at a line's end (unless one line fills it), as page_text's.
+    `whole`: `data` starts at a line's start, else its first (part of a) line is left out."""
+    first = 0 if whole else data.find(b"\n") + 1
+    end = len(data)
+    if start + len(data) < size:
+        end = data.rfind(b"\n") + 1 or end
+    prefix = rank_prefix(rank)
+    kept = [line[len(prefix):] for line in data[first:end].split(b"\n") if
+            line.startswith(prefix)]
+    if lines is not None:
+        kept = kept[-lines:]
+    text = b"".join(line + b"\n" for line in kept).decode(errors="replace")
+    return {"offset": start + first, "next_offset": start + end, "size": size, "text": text}
 
 
 def tail_start(data: bytes, lines: int, whole: bool) -> int:

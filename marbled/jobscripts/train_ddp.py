@@ -31,7 +31,7 @@ from torch import distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from marbled.worker.torch import Suspendable, init_distributed  # noqa: E402
+from marbled.worker.torch import Suspendable, init_distributed, mean_over_ranks  # noqa: E402
 
 FEATURES, CLASSES = 32, 10
 
@@ -116,11 +116,7 @@ def train(args: argparse.Namespace) -> None:
         local.backward()
         optimizer.step()
         if args.loss_log or step == run.target:  # the same on every rank: a collective
-            loss = local.detach()
-            if ranks.world > 1:  # the mean over the global batch
-                dist.all_reduce(loss)
-                loss = loss / ranks.world
-            loss = loss.item()
+            loss = mean_over_ranks(local)  # the mean over the global batch
             if log:
                 log.write(f"{step} {loss!r}\n")  # line-buffered: written before any exit
     if ranks.rank == 0:

@@ -432,6 +432,17 @@ class Shard(NamedTuple):
         return tuple(t[self.start:self.stop] for t in tensors)
 
 
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The mean of a scalar over the job's ranks (the global batch's mean loss, from each
+    rank's weighted mean); a collective under DDP: every rank calls it, at the same step."""
+    value = value.detach()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+        value = value / dist.get_world_size()
+    return value.item()
+
+
 def split_batch(global_batch: int, rank: int, world: int) -> Shard:
     """Rank `rank`'s shard of `global_batch` rows over `world` ranks: equal shares, the
     remainder one row each to the first ranks."""

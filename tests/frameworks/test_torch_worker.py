@@ -275,3 +275,42 @@ def test_lenet_promoted_by_daemon_on_emulated_gpus_resumes_bit_identical(daemon_
     assert go["run_id"] == second["id"] and f'"pid": {second["pid"]}' in go["data"]
     _finish(ref, ref_dir)
     _check_resumed_losses(log, tmp_path / "ref.log", steps, at)
+
+
+@pytest.mark.daemon
+def test_lenet_per_gpu_resumed_on_two_ranks_stays_on_the_one_process_trajectory(
+        daemon_factory, tmp_path):
+    """train_torch.py is a DDP script: with --per-gpu it starts as one rank, a secondary on
+    the 1 GPU a rigid filler leaves; cancelling the filler makes the broker suspend it and
+    resume it on 2 ranks (gloo on the CPU) with the same global batch. Every step runs once,
+    and each loss stays within 1e-5 of an uninterrupted one-process run's: on 2 ranks the
+    float sums run in another order (tests/frameworks/test_torch_ddp.py's TOLERANCE), while
+    a wrong shard, data order or optimizer state would be off by far more."""
+    steps = 200
+    ref_dir = tmp_path / "reference"
+    ref = _launch(ref_dir, ["--steps", str(steps), "--loss-log", str(tmp_path / "ref.log")],
+                  managed=False)
+    daemon = daemon_factory("--suspend-timeout", "30", gpus=4, env={"OMP_NUM_THREADS": "1"})
+    log = tmp_path / "job.log"
+    daemon.submit({"gpus": 3, "command": ["sleep", "600"]},
+                  {"model": "lenet", "steps": steps, "per_gpu": True,
+                   "command": [*LENET, "--loss-log", str(log), "--report-interval", "0.1"]})
+    daemon.wait_for(lambda: daemon.jobs()[1]["step"] >= 50, timeout=90,
+                    what="job 2 at step 50")
+    daemon.client.post("/v1/jobs/1/cancel")
+    jobs = daemon.wait_all(timeout=90)
+    assert [j["state"] for j in jobs] == ["cancelled", "done"], daemon.log()
+
+    first, second = daemon.query("SELECT * FROM runs WHERE job_id = 2 ORDER BY id")
+    assert (first["gpu_count"], first["end_reason"]) == (1, "suspended")
+    assert (second["gpu_count"], second["end_reason"]) == (2, "done")
+    at = first["end_step"]
+    assert 0 < at == second["start_step"] < steps and second["end_step"] == steps
+    err = (daemon.state_dir / "jobs" / "2" / f"run-{second['id']}.stderr.log").read_text()
+    assert "[rank 0] train_torch: " in err and "; rank 0 of 2, global batch 64" in err, err
+    _finish(ref, ref_dir)
+    got, want = _losses(log), _losses(tmp_path / "ref.log")
+    assert [s for s, _ in got] == list(range(1, steps + 1))  # each step once, by rank 0 alone
+    worst = max(abs(float(a) - float(b)) for (_, a), (_, b) in zip(got, want, strict=True))
+    assert worst <= 1e-5, worst
+    assert float(got[-1][1]) < 0.5 * float(got[0][1])  # it trained on

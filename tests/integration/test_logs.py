@@ -206,3 +206,50 @@ def test_the_log_is_where_the_run_id_says_under_the_state_directory(daemon):
     assert (jdir / f"run-{run['id']}.stdout.log").read_text() == "out\n"
     assert (jdir / f"run-{run['id']}.stderr.log").read_text() == "err\n"
     assert not re.search(r"standby", " ".join(p.name for p in jdir.iterdir()))
+
+
+def test_rank_shows_one_rank_of_a_per_gpu_run_in_pages_and_refuses_a_rank_it_lacks(
+        daemon_factory, tmp_path):
+    """A 2-rank per-GPU job whose ranks print 300 lines each, interleaved in the run's log:
+    `marble logs --rank 1` (and -n, --stderr) shows rank 1's lines alone, without their
+    prefix; the API's pages of 100 bytes chain to the same lines; rank 2, or a rank of a job
+    that is not per-GPU, is refused with what to change."""
+    d = daemon_factory(gpus=2)
+    script = ("import os, sys\nrank = os.environ['RANK']\n"
+              "for i in range(300): print(f'line {i} of rank {rank}', flush=i % 7 == 0)\n"
+              "print(f'done {rank}', file=sys.stderr)\n")
+    ranked, plain = d.submit(
+        {"gpus": 2, "per_gpu": True, "command": [sys.executable, "-c", script]},
+        {"gpus": 1, "command": ["echo", "[rank 0] not a rank"]})
+    assert [j["state"] for j in d.wait_all(timeout=60)] == ["done", "done"]
+    mine = [f"line {i} of rank 1" for i in range(300)]
+
+    shown = marble(d.state_dir, "logs", str(ranked["id"]), "--rank", "1")
+    assert shown.returncode == 0 and shown.stdout.splitlines() == mine, shown.stderr
+    last = marble(d.state_dir, "logs", str(ranked["id"]), "--rank", "1", "-n", "2")
+    assert last.stdout == "line 298 of rank 1\nline 299 of rank 1\n", last.stderr
+    err = marble(d.state_dir, "logs", str(ranked["id"]), "--rank", "0", "--stderr")
+    assert err.stdout == "done 0\n", err.stderr
+
+    path = f"/v1/jobs/{ranked['id']}/log?rank=1&limit=100"
+    texts, offset = [], 0
+    while True:
+        doc = d.client.get(f"{path}&offset={offset}")
+        assert offset < doc["next_offset"] <= offset + 100
+        texts.append(doc["text"])
+        offset = doc["next_offset"]
+        if offset == doc["size"]:
+            break
+    assert "".join(texts).splitlines() == mine
+
+    lacks = marble(d.state_dir, "logs", str(ranked["id"]), "--rank", "2")
+    assert lacks.returncode != 0 and "has 2 rank(s), 0 to 1 (one per GPU): there is no " \
+        "rank 2" in lacks.stderr, lacks.stderr
+    not_ranked = marble(d.state_dir, "logs", str(plain["id"]), "--rank", "0")
+    assert not_ranked.returncode != 0 and "not a per-GPU job" in not_ranked.stderr
+    with pytest.raises(ApiError) as never:  # well formed, but not this run's: 409, not 400
+        d.client.get(f"/v1/jobs/{ranked['id']}/log?rank=2")
+    assert (never.value.status, never.value.field) == (409, "rank")
+    with pytest.raises(ApiError) as refused:
+        d.client.get(f"/v1/jobs/{ranked['id']}/log?rank=x")
+    assert (refused.value.status, refused.value.field) == (400, "rank")

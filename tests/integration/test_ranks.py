@@ -5,6 +5,7 @@ torchrun as a job's command, whose workers the broker's signals must reach."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from marbled import examples
+from marbled.batch.ranks import descendants
+from marbled.worker.protocol import PROGRESS_FILE, read_json
 
 pytestmark = pytest.mark.daemon
 
@@ -297,3 +302,73 @@ def test_the_run_ends_as_its_failed_rank_did(tmp_path):
         time.sleep(0.02)
     assert sorted(done.stdout.splitlines()) == ["[rank 0] half a line", "[rank 1] half a line"]
     assert "marbled: rank 1 was killed by signal 9; stopping the other 1 rank(s)" in done.stderr
+
+
+# Two emulated nodes of 2 GPUs; its best count is 1, so a job with --nodes 2 runs one rank on
+# each node: the smallest run whose ranks span nodes.
+PROFILE_ONE_PER_NODE = """system: two-nodes
+gpus_per_node: 2
+models:
+  one: {steps_per_second: [1.0, 0.9]}
+"""
+
+
+@pytest.mark.timeout(150)  # a rank left waiting in a collective would hang here: fail instead
+def test_a_two_node_ddp_job_suspends_resumes_and_retries_a_killed_rank(daemon_factory, tmp_path):
+    """train_ddp.py with --per-gpu on 2 emulated nodes (a rank on each): suspended by the
+    broker, resumed from the acknowledged step; then one rank SIGKILLed mid-step: the run
+    fails, the other rank is stopped (not left in its all-reduce for --timeout), and the
+    retry resumes from the checkpoint and retraces the lost steps bit-equal."""
+    pytest.importorskip("torch")
+    from tests.frameworks.test_torch_worker import _losses
+
+    profile = tmp_path / "two-nodes.yaml"
+    profile.write_text(PROFILE_ONE_PER_NODE)
+    d = daemon_factory("--nodes", "2", "--profile", str(profile), "--retry-delay", "0",
+                       gpus=2, env=ENV)
+    loss_log = tmp_path / "loss.log"
+    script = examples.SCRIPTS / examples.EXAMPLES["ddp"].file
+    steps = 1500
+    (job,) = d.submit({
+        "command": [sys.executable, str(script), "--batch", "16", "--timeout", "60",
+                    "--report-interval", "0.05", "--loss-log", str(loss_log)],
+        "model": "one", "steps": steps, "nodes": 2, "per_gpu": True, "retries": 1,
+        "chdir": str(tmp_path)})
+    progress = d.state_dir / "jobs" / str(job["id"]) / PROGRESS_FILE
+
+    def trained(run_id: int, beyond: int) -> bool:
+        p = read_json(progress) or {}
+        return p.get("run_id") == run_id and p.get("step", 0) > beyond
+
+    d.wait_for(lambda: trained(1, 20), timeout=60, what="the first run's training")
+    d.client.post(f"/v1/jobs/{job['id']}/suspend", {})
+    first = d.wait_for(lambda: [r for r in d.runs() if r["ended_at"]], timeout=30,
+                       what="the suspension")[0]
+    assert first["end_reason"] == "suspended", dict(first)
+    at = first["end_step"]
+
+    d.wait_for(lambda: trained(2, at + 10), timeout=60, what="the resumed run's training")
+    second = d.runs()[1]
+    ranks = descendants(second["pid"])[:2]  # its children first: the ranks, rank 0 first
+    os.kill(ranks[1], signal.SIGKILL)
+    # well before the 60 s after which rank 0's all-reduce would give up on its own
+    d.wait_for(lambda: d.runs()[1]["ended_at"], timeout=20, what="the failed run's end")
+    (done,) = d.wait_all(timeout=90)
+    assert done["state"] == "done", done
+
+    runs = d.runs()
+    assert [r["node"] for r in runs] == ["node0,node1"] * 3
+    assert [(r["start_step"], r["end_reason"]) for r in runs] == \
+        [(0, "suspended"), (at, "failed"), (at, "done")], [dict(r) for r in runs]
+    assert runs[2]["end_step"] == steps
+    assert "marbled: rank 1 was killed by signal 9; stopping the other 1 rank(s)" in \
+        _log(d, job["id"], runs[1]["id"], "stderr")
+    assert any(json.loads(e["data"] or "{}").get("rank") == 1 for e in d.query(
+        "SELECT data FROM events WHERE run_id = ?", runs[1]["id"]))
+    # rank 0's log: steps 1..lost (the suspended run's, then the failed run's), then the
+    # retry's from `at` on; the steps it retraced have the failed run's losses, bit for bit
+    logged = _losses(loss_log)
+    lost = next(i for i in range(1, len(logged)) if logged[i][0] <= logged[i - 1][0])
+    assert at < runs[1]["end_step"] <= lost < steps
+    assert [s for s, _ in logged] == [*range(1, lost + 1), *range(at + 1, steps + 1)]
+    assert logged[lost:2 * lost - at] == logged[at:lost]

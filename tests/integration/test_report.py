@@ -326,6 +326,17 @@ def test_errors_say_what_is_wrong(db, reports, tmp_path):
         assert name in message
     assert "either --db FILE or --state-dir" in error("--db", str(db), "--state-dir", "x")
     assert "either --json or --csv" in error("--db", str(db), "--json", "--csv")
+    assert "either a report NAME (gpu_hours) or --slurm" in \
+        error("gpu_hours", "--slurm", "--db", str(db))
+
+
+def test_slurm_on_a_local_brokers_file_says_there_is_nothing_to_join(db):
+    """No run was a Slurm job step: nothing to ask Slurm (tests/slurm: the real join)."""
+    doc = report(db, "--slurm")
+    assert doc["rows"] == [] and doc["accounting"]["enabled"] is False
+    assert doc["accounting"]["note"] == ("no run in this file ran as a Slurm job step "
+                                         "(marbled --launcher slurm): nothing to join")
+    assert doc["accounting"]["note"] in marble("--slurm", "--db", str(db)).stdout
 
 
 def test_two_allocations_are_told_apart_by_the_drain(daemon_factory, tmp_path):
