@@ -208,7 +208,8 @@ SPEC = {
                  "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
                 {"name": "rank", "in": "query",
                  "description": "a per-GPU job's run: only this rank's lines, without their "
-                                "`[rank N] ` prefix (`offset`s stay the whole log's). 409 if "
+                                "`[rank N] ` prefix (under Slurm, srun's `N: ` label; "
+                                "`offset`s stay the whole log's). 409 if "
                                 "the job is not per-GPU or the run has no such rank",
                  "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RANK}}],
             "responses": _answer("the page")}},

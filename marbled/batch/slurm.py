@@ -174,8 +174,11 @@ def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: s
         shape = [f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
         gpu_option = f"--gpus={gpus}" if len(nodes) == 1 else f"--gpus-per-node={gpus}"
     where = [f"--chdir={chdir}"] if chdir else []
+    # srun's --label puts `N: ` before each line task N prints: `marble logs --rank` reads it
+    label = ["--label"] if per_gpu else []
     return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}", *shape,
-            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *where, *extra,
+            f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *where, *label,
+            *extra,
             sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
 
 

@@ -123,7 +123,7 @@ def follow(api: BrokerClient, job: int, stream: str, run: int | None,
               help="Every run's output in turn, each under a header line.")
 @click.option("--rank", type=click.IntRange(0), metavar="N",
               help="A per-GPU job (--per-gpu): only rank N's lines, without their "
-                   "'[rank N] ' prefix.")
+                   "'[rank N] ' prefix (under Slurm, srun's 'N: ' label).")
 @click.option("-n", "--tail", "lines", type=click.IntRange(1), metavar="N",
               help="Only the last N lines (of each run shown). [default: all]")
 @click.option("--interval", type=click.FloatRange(0.05), default=0.5, show_default=True,

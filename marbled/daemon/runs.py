@@ -92,7 +92,6 @@ class Runs:
 
     def start(self, action: Start) -> int:
         """Record the run and start its process (in the background); the step it starts at."""
-        self.files.prepare_run(action.job)
         run_id, start_step = self.ledger.run_started(action, self.clock.time())
         self.launching.add(action.job)
         self._spawn(self._launch(action, run_id, start_step))
@@ -107,6 +106,14 @@ class Runs:
                    "MARBLE_GPU_SHARE": str(action.share), "MARBLE_ROLE": action.role.value,
                    "MARBLE_LAUNCH_TIME": repr(self.clock.time())}
         try:
+            # its directories are made here, not in start(): a decision that starts hundreds
+            # of new jobs (two mkdirs each) launches its first run without waiting for them all
+            try:
+                self.files.prepare_run(job_id)
+            except OSError as exc:
+                self._start_failed(job_id, run_id, f"could not prepare the job's directory "
+                                   f"{self.files.dir(job_id)}: {exc.strerror or exc}")
+                return
             standby = job_id in self.standby
             handle = await self.standby.take(job_id, {**run_env, "devices": devices})
             if standby:
@@ -118,13 +125,7 @@ class Runs:
                 try:
                     handle = await self.launcher.launch(request)
                 except OSError as exc:
-                    self._cancel_pending.discard(job_id)
-                    self._suspend_pending.pop(job_id, None)
-                    self.ledger.run_ended(
-                        job_id, run_id, at=self.clock.time(), exit_code=None, reason="failed",
-                        outcome=JobState.FAILED,
-                        detail=start_failure(request, exc))
-                    self._on_end(Ended(job_id, JobState.FAILED))
+                    self._start_failed(job_id, run_id, start_failure(request, exc))
                     return
         finally:
             self.launching.discard(job_id)
@@ -143,6 +144,13 @@ class Runs:
             self.suspend(self.state.jobs[job_id], self._suspend_pending.pop(job_id))
         else:
             self._on_launched(job_id)
+
+    def _start_failed(self, job_id: int, run_id: int, detail: str) -> None:
+        self._cancel_pending.discard(job_id)
+        self._suspend_pending.pop(job_id, None)
+        self.ledger.run_ended(job_id, run_id, at=self.clock.time(), exit_code=None,
+                              reason="failed", outcome=JobState.FAILED, detail=detail)
+        self._on_end(Ended(job_id, JobState.FAILED))
 
     async def _record_placement(self, job_id: int, run_id: int, handle) -> None:
         info = await handle.placement()

@@ -180,16 +180,21 @@ class JobFiles:
 def rank_page(data: bytes, start: int, size: int, rank: int, lines: int | None = None,
               whole: bool = True) -> dict:
     """A page of rank `rank`'s lines in `data` (the log's bytes from `start`), the
-    `[rank N] ` prefix taken off; with `lines`, its last `lines` of them. A page cut short
+    `[rank N] ` prefix (the local launcher's) or `N: ` label (srun --label's, space-padded to
+    the widest rank's) taken off; with `lines`, its last `lines` of them. A page cut short
     of the log's end ends at a line's end (unless one line fills it), as page_text's.
     `whole`: `data` starts at a line's start, else its first (part of a) line is left out."""
     first = 0 if whole else data.find(b"\n") + 1
     end = len(data)
     if start + len(data) < size:
         end = data.rfind(b"\n") + 1 or end
-    prefix = rank_prefix(rank)
-    kept = [line[len(prefix):] for line in data[first:end].split(b"\n") if
-            line.startswith(prefix)]
+    prefix, label = rank_prefix(rank), f"{rank}: ".encode()
+    kept = []
+    for line in data[first:end].split(b"\n"):
+        if line.startswith(prefix):
+            kept.append(line[len(prefix):])
+        elif line.lstrip(b" ").startswith(label):
+            kept.append(line.lstrip(b" ")[len(label):])
     if lines is not None:
         kept = kept[-lines:]
     text = b"".join(line + b"\n" for line in kept).decode(errors="replace")

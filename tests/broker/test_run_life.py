@@ -6,11 +6,13 @@ tests/integration."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from marbled.core.model import JobState
 from marbled.store.db import Store
+from marbled.worker.protocol import PROGRESS_FILE
 from tests.broker.fakes import FakeLauncher, in_loop, pump, running_broker
 
 JOB = {"command": ["train"], "model": "resnet-50", "steps": 1000}  # 3 GPUs, malleable
@@ -188,6 +190,49 @@ async def test_launch_failure_fails_the_job_and_says_why(tmp_path):
         assert h.job(job).state is JobState.FAILED
         (failed,) = [e for e in h.store.events(job) if e.kind == "failed"]
         assert "could not start 'train'" in failed.data["detail"]
+
+
+@in_loop
+async def test_a_job_directory_that_cannot_be_made_fails_the_run_not_the_broker(tmp_path):
+    """The directories are made as the run launches, after the decision: an error there (a
+    state directory that is no longer one) fails that run, with the path, and no other."""
+    (tmp_path / "jobs").write_text("")  # not a directory: every mkdir under it fails
+    async with running_broker(tmp_path) as h:
+        job = h.submit(**JOB)
+        await pump()
+        assert h.job(job).state is JobState.FAILED and not h.launcher.runs
+        assert not h.task.done() and not h.broker.runs.launching
+        (failed,) = [e for e in h.store.events(job) if e.kind == "failed"]
+        assert f"could not prepare the job's directory {tmp_path / 'jobs' / str(job)}: " \
+               "Not a directory" == failed.data["detail"]
+
+
+@in_loop
+async def test_a_decision_makes_no_directory_and_each_run_has_its_own_before_launch(tmp_path):
+    """A decision starting many runs only records them; each run's directories (and no stale
+    answer of an earlier run) are there when its process starts, the first one without
+    waiting for the others'."""
+    seen: list[tuple[bool, bool, int]] = []
+
+    class Launcher(FakeLauncher):
+        async def launch(self, request):
+            made = sum((request.run_dir.parent / str(j)).is_dir() for j in jobs)
+            ckpt = Path(request.env["MARBLE_CHECKPOINT_DIR"])
+            seen.append((ckpt.is_dir(), (request.run_dir / PROGRESS_FILE).exists(), made))
+            return await super().launch(request)
+
+    async with running_broker(tmp_path, launcher=Launcher(), policy="rigid", gpus=4) as h:
+        h.broker.decide, decide = (lambda: None), h.broker.decide
+        jobs = [h.submit(command=["train"], model="resnet-50", steps=10, gpus=1)
+                for _ in range(4)]
+        stale = h.broker.files.dir(jobs[1]) / PROGRESS_FILE  # left by an earlier run
+        stale.parent.mkdir(parents=True)
+        stale.write_text('{"run_id": 0}')
+        decide()
+        assert len(h.broker.runs.launching) == 4 and not h.launcher.runs
+        assert [h.broker.files.dir(j).exists() for j in jobs] == [False, True, False, False]
+        await pump()
+    assert seen == [(True, False, 2), (True, False, 2), (True, False, 3), (True, False, 4)]
 
 
 @in_loop

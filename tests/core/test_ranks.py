@@ -61,4 +61,5 @@ def test_srun_line_of_a_per_gpu_run_has_a_task_per_gpu():
     assert argv[:9] == ["srun", "--jobid=7", "--exact", "--nodes=2", "--ntasks=6",
                         "--ntasks-per-node=3", "--cpus-per-task=4", "--nodelist=n1,n2",
                         "--gpus-per-node=3"]
+    assert "--label" in argv  # a task's lines carry its rank (marble logs --rank)
     assert argv[-5:] == [sys.executable, "-m", "marbled.batch.step", "/r/s.json", "a.out"]

@@ -198,6 +198,21 @@ def test_a_10_gb_log_is_read_a_page_at_a_time(tmp_path):
     assert took < 5, took  # two 4 MiB reads
 
 
+def test_rank_reads_srun_labels_padded_to_the_widest_rank(tmp_path):
+    """Under Slurm, srun --label writes ` 1: ` (12 tasks: padded to `11: `'s width): rank 1
+    is ` 1: `'s lines and `[rank 1] `'s, not `11: `'s; -n counts rank 1's lines alone."""
+    from marbled.daemon.workfiles import JobFiles
+
+    files = JobFiles(tmp_path)
+    files.prepare_run(1)
+    files.log(1, 7, "stdout").write_bytes(
+        b" 1: a\n11: b\n 0: 1: c\n[rank 1] d\nsrun: e\n 1: f\n")
+    assert files.read_log(1, 7, "stdout", 0, 2**20, rank=1)["text"] == "a\nd\nf\n"
+    assert files.read_log(1, 7, "stdout", 0, 2**20, rank=11)["text"] == "b\n"
+    assert files.read_log(1, 7, "stdout", 0, 2**20, rank=0)["text"] == "1: c\n"
+    assert files.read_log(1, 7, "stdout", 0, 2**20, lines=1, rank=1)["text"] == "f\n"
+
+
 def test_the_log_is_where_the_run_id_says_under_the_state_directory(daemon):
     (job,) = daemon.submit({"gpus": 1, "command": ["sh", "-c", "echo out; echo err >&2"]})
     daemon.wait_all(timeout=30)

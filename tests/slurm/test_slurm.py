@@ -347,3 +347,7 @@ def test_a_per_gpu_job_is_a_step_with_a_task_per_gpu_that_meet(daemon_factory, a
         {("4", "2", "127.0.0.1")}
     assert all(len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 2 for e in envs)
     assert [(tmp_path / f"sum-{run['id']}-{r}").read_text() for r in range(4)] == ["10"] * 4
+    # srun labels each task's lines (`1: `): `marble logs --rank 1` shows rank 1's alone
+    log = f"/v1/jobs/{gang['id']}/log?rank=1"
+    assert d.client.get(log)["text"] == "out of rank 1\n"
+    assert d.client.get(log + "&stream=stderr")["text"] == "err of rank 1\n"
