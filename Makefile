@@ -11,7 +11,7 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# The test tier trains real TensorFlow and PyTorch jobs on the CPU; torch 2.13.0 is the
 	# CPU wheel kept on these machines (a looser pin would fetch a multi-GB CUDA build).
-	$(BIN)/pip install --quiet -e '.[broker,test,docs,bench,tensorflow-cpu,plot]' 'torch==2.13.0'
+	$(BIN)/pip install --quiet -e '.[broker,test,docs,bench,tensorflow-cpu,plot,rl]' 'torch==2.13.0'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -10,12 +10,13 @@ launcher sets them). Each rank trains a small MLP (32-64-64-10, global batch 16)
 `never` (a check only at the start: the loop without the agreement), `k=1` and
 `adaptive` (the default). `--sleep-ms S` adds S ms to every step (`0 50`: the bare CPU
 step of ~2 ms, and an emulated 50 ms GPU step). Per setting, the median over rounds of:
-the step time (the slowest rank's), the checks per 100 steps, one check's time (the
-all-reduce on the CPU) and the agreement's time per step as a share of the step. A check's
-time is the least over ranks: the rank that comes last to a check waits for no one, so
-its time is the collective's own cost; the others also wait out the skew between ranks,
-which the step's gradient all-reduce would absorb anyway. The step-time difference
-against `never` is noise-bound on a shared machine; the time in the checks is direct.
+the step time (the slowest rank's), the checks per 100 steps, one check's time (starting
+the vote and waiting for it a step later; the all-reduce itself runs in gloo's thread
+meanwhile) and the agreement's time per step as a share of the step. A
+check's time is the least over ranks: the rank that comes last to a check waits for no
+one; the others also wait out the skew between ranks, which the step's gradient
+all-reduce would absorb anyway. The step-time difference against `never` is noise-bound
+on a shared machine; the time in the checks is direct.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@
    suspend latency, resume (launch -> first step), the gpu_samples rows of the job;
 3. `marble profile` of the same model on 1 GPU: its curve names the NVML GPU;
 4. where the tree has DDP support (jobscripts/train_ddp.py and torch.distributed in
-   marbled/worker/torch.py), a 1-rank NCCL run of train_ddp.py suspended and resumed.
+   marbled/worker/torch.py), a 1-rank NCCL run of train_ddp.py suspended and resumed,
+   the resumed run in its prestarted rank: the gap, and go -> first step (what the GPU
+   idles when the rank waits ahead, as a promoted secondary's does).
 
 The profile (step 3) runs before the broker (step 2): its steps/s sizes the broker's
 job to train about --train-seconds. Each step's result, figures and error go to
@@ -311,6 +313,8 @@ def store_figures(c: Checker, state: Path, job: int, steps: int, rate: float | N
           "{resume:.3f} s (python {python:.2f}, import {imported:.2f}, build {built:.2f}, "
           "restore {restored:.2f}, first step {first_step:.2f}); GPU idle (SIGTSTP -> first "
           "step) {gap:.3f} s".format(**costs))
+    prestart = prestart_figures(con, job, runs[0]["id"], second["id"])
+    c.say(prestart["text"])
     c.say("gpu_samples: {rows} rows, {rows_with_job} with the job".format(**gpu) + (
         "; utilisation mean {util_gpu_mean}% (max {util_gpu_max}%), memory {util_mem_mean}%, "
         "used up to {mem_used_max_mib} of {mem_total_mib} MiB".format(**gpu) if mine else ""))
@@ -319,7 +323,35 @@ def store_figures(c: Checker, state: Path, job: int, steps: int, rate: float | N
         need(gpu["util_gpu_max"] > 0 and gpu["mem_used_max_mib"] > 0,
              f"NVML saw the job's GPU idle and empty: {gpu}")
     return {"runs": chain, "steps_per_second": rate, "steps_per_second_run2": trained,
-            **costs, "gpu_samples": gpu, "nccl_info_lines": nccl}
+            **costs, "gpu_samples": gpu, "nccl_info_lines": nccl, "prestart": prestart}
+
+
+def prestart_figures(con: sqlite3.Connection, job: int, first: int, second: int) -> dict:
+    """Whether run `second` was a prestarted process (its ranks, for a per-GPU job), when it
+    was started against run `first`'s SIGTSTP, and its go -> first step: the GPU's idle
+    time where the process waits ahead of the suspension (a promotion of a secondary)."""
+    def event(kind: str, run_id: int | None) -> dict | None:
+        row = con.execute("SELECT at, data FROM events WHERE job_id = ? AND kind = ? AND "
+                          "run_id IS ? ORDER BY id DESC LIMIT 1", (job, kind, run_id)).fetchone()
+        return {"at": row[0], **(json.loads(row[1] or "{}") or {})} if row else None
+
+    go, asked = event("go", second), event("suspend-requested", first)
+    started = event("prestarted", None)
+    if go is None or asked is None or started is None:
+        return {"prestarted": False, "text": "prestart: none, the resumed run started cold"}
+    (done,) = con.execute("SELECT data FROM events WHERE run_id = ? AND kind = 'done'",
+                          (second,)).fetchall()
+    phases = json.loads(done[0])["phases"]
+    figures = {"prestarted": True, "ranks": go.get("ranks"), "ranks_started": go.get("prestarted"),
+               "started_after_sigtstp_s": started["at"] - asked["at"],
+               "go_to_first_step_s": phases["first_step"] - phases["go"]}
+    ranks = (f", {figures['ranks']} rank(s) of {figures['ranks_started']} started"
+             if go.get("ranks") else "")
+    figures["text"] = (
+        f"prestart: the resumed run was the prestarted process{ranks}, started "
+        "{started_after_sigtstp_s:.3f} s after the SIGTSTP; its go -> first step "
+        "{go_to_first_step_s:.3f} s (the GPU's idle time when it waits ahead)").format(**figures)
+    return figures
 
 
 def ddp_support() -> str | None:
@@ -344,6 +376,8 @@ def check_ddp(c: Checker, train_s: float, floor: int, sample_interval: float) ->
                            sample_interval, "train_ddp: rank 0 of", per_gpu=True,
                            env={"NCCL_DEBUG": "INFO"})
     c.say(f"NCCL_DEBUG=INFO lines in the runs' logs: {figures['nccl_info_lines']}")
+    need(figures["prestart"]["prestarted"], "the resumed per-GPU run was not the prestarted "
+         "ranks (the broker's --prestart and JobProtocol.ready() decide)")
     if not c.dry_run:
         need(figures["nccl_info_lines"] > 0, "the ranks printed no NCCL line: they did "
              "not train through NCCL")

@@ -6,6 +6,7 @@ adaptive policy compares with the best other policy (issue 13's targets).
     .venv/bin/python benchmarks/policy_matrix.py --decision [--nodes 8] [--queued 1000]
     .venv/bin/python benchmarks/policy_matrix.py --best-static [--policy P ...] [--cost C ...]
     .venv/bin/python benchmarks/policy_matrix.py --multi-node [--processes 2] [--json FILE]
+    .venv/bin/python benchmarks/policy_matrix.py --held-out [--trace FILE] [--processes 2]
 
 Workloads: paper-jobset1..9 (all jobs at t = 0, one node of the profile) and poisson-s0..s2
 (1000 jobs, 60/h, 4 nodes, `marble simulate --poisson`'s default mix and steps, seed
@@ -23,6 +24,11 @@ arrivals at 0.2 or 0.4 jobs/h per node, a fixed seed per workload), default cost
 and 10/10 s. Every matrix ends with a summary over its cells (workload x cost): adaptive
 within 3% of the best other policy on both metrics (the target: >= 90% of the cells), its
 worst ratio (<= 1.10), the wins per policy, and adaptive / marble avg JCT per cell (<= 0.90).
+`--held-out` (issue 23) sets the learned policy against every other on workloads it was not
+trained on (`marbled/sim/train.py` draws its seeds from its own): poisson-s0..s2, the
+same at 30 and 120 jobs/h (poisson-r30, poisson-r120), the paper job sets and, with
+`--trace FILE`, a CSV trace (`marble trace` of a broker's marble.db) on `--trace-nodes`;
+`--ours P` names the policy the ratios are of (default adaptive; learned with --held-out).
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from marbled.core.policy import POLICIES, get_policy
 from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
 from marbled.sim.static_plan import best_static
-from marbled.sim.workloads import from_job_file, poisson
+from marbled.sim.workloads import from_job_file, poisson, read_trace
 
 PROFILE = "summit-v100"
 MIX = dict.fromkeys(("resnet-50", "inception-v3", "resnet-101", "vgg-16"), 1.0)
 WORKLOADS = [f"paper-jobset{n}" for n in range(1, 10)] + [f"poisson-s{s}" for s in (0, 1, 2)]
+LOADS = {"poisson-r30": 30.0, "poisson-r120": 120.0}  # other loads, seed 0 (issue 23)
+HELD_OUT = [*WORKLOADS[9:], *LOADS, *WORKLOADS[:9]]
 COSTS = ("5/5", "30/30")
 OURS = "adaptive"
 STATIC_COSTS = ("0/0", "10/10")
@@ -74,9 +82,14 @@ def multi_node(workload: str) -> tuple[list, int]:
 
 
 def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:
-    """(arrivals, nodes) of a workload name."""
+    """(arrivals, nodes) of a workload name; `trace:PATH:NODES`, a CSV trace."""
     if workload in MULTI:
         return multi_node(workload)
+    if workload.startswith("trace:"):
+        _, path, nodes = workload.rsplit(":", 2)
+        return read_trace(path), int(nodes)
+    if workload in LOADS:
+        return poisson(jobs, LOADS[workload], MIX, (500, 5000), 0), 4
     if workload.startswith("poisson-s"):
         return poisson(jobs, 60.0, MIX, (500, 5000), int(workload.removeprefix("poisson-s"))), 4
     return from_job_file(workload_path(workload)), 1
@@ -96,48 +109,49 @@ def cell(args: tuple[str, str, str, int]) -> dict:
             "suspensions": r.suspensions, "wall_s": time.perf_counter() - t0}
 
 
-def compare(cells: list[dict], policies: list[str], workloads: list[str]) -> dict:
+def compare(cells: list[dict], policies: list[str], workloads: list[str],
+            ours: str = OURS) -> dict:
     """Per workload: the best other policy and our ratios to it; the means vs marble."""
     at = {(c["policy"], c["workload"]): c for c in cells}
     rows, vs_marble = {}, {"makespan_s": [], "average_jct_s": []}
     for w in workloads:
         row = {}
         for metric in ("makespan_s", "average_jct_s"):
-            others = [p for p in policies if p != OURS and (p, w) in at]
-            if (OURS, w) not in at or not others:
+            others = [p for p in policies if p != ours and (p, w) in at]
+            if (ours, w) not in at or not others:
                 continue
             best = min(others, key=lambda p: at[p, w][metric])
-            ratio = at[OURS, w][metric] / at[best, w][metric]
+            ratio = at[ours, w][metric] / at[best, w][metric]
             row[metric] = {"best_other": best, "ratio": ratio, "within_3pct": ratio <= 1.03}
             if ("marble", w) in at:
-                vs_marble[metric].append(at[OURS, w][metric] / at["marble", w][metric])
+                vs_marble[metric].append(at[ours, w][metric] / at["marble", w][metric])
         rows[w] = row
     means = {m: statistics.fmean(v) for m, v in vs_marble.items() if v}
     return {"per_workload": rows, "mean_ratio_vs_marble": means}
 
 
 def print_cost(cost: str, cells: list[dict], policies: list[str], workloads: list[str],
-               summary: dict) -> None:
+               summary: dict, ours: str = OURS) -> None:
     at = {(c["policy"], c["workload"]): c for c in cells}
     print(f"\ncosts {cost} s (launch/suspend)")
     for metric, title in (("makespan_s", "makespan s"), ("average_jct_s", "avg JCT s")):
         print(f"{title:16}" + "".join(f"{p:>11}" for p in policies)
-              + (f"{'bound':>9}" if metric == "makespan_s" else "") + f"  {OURS} / best other")
+              + (f"{'bound':>9}" if metric == "makespan_s" else "") + f"  {ours} / best other")
         for w in workloads:
             line = f"{w:16}" + "".join(
                 f"{at[p, w][metric]:>11.0f}" if (p, w) in at else f"{'-':>11}" for p in policies)
             if metric == "makespan_s":
                 line += f"{next(c for c in cells if c['workload'] == w)['lower_bound_s']:>9.0f}"
-            ours = summary["per_workload"].get(w, {}).get(metric)
-            if ours:
-                flag = "" if ours["within_3pct"] else "  MISS"
-                line += f"  {ours['ratio']:.3f} ({ours['best_other']}){flag}"
+            row = summary["per_workload"].get(w, {}).get(metric)
+            if row:
+                flag = "" if row["within_3pct"] else "  MISS"
+                line += f"  {row['ratio']:.3f} ({row['best_other']}){flag}"
             print(line)
     for metric, mean in summary["mean_ratio_vs_marble"].items():
-        print(f"mean over workloads of {OURS} / marble, {metric}: {mean:.3f}")
+        print(f"mean over workloads of {ours} / marble, {metric}: {mean:.3f}")
 
 
-def overall(by_cost: dict[str, dict], policies: list[str]) -> dict:
+def overall(by_cost: dict[str, dict], policies: list[str], ours: str = OURS) -> dict:
     """Over every cell (workload x cost): how many have adaptive within 3% of the best other
     policy on both metrics, its worst ratio, the best policy's wins per metric, and adaptive's
     average JCT over marble's per cell."""
@@ -155,15 +169,15 @@ def overall(by_cost: dict[str, dict], policies: list[str]) -> dict:
                 here = [p for p in policies if (p, w) in at]
                 best = min(here, key=lambda p: at[p, w][metric])
                 wins.setdefault(best, {"makespan_s": 0, "average_jct_s": 0})[metric] += 1
-            if (OURS, w) in at and ("marble", w) in at:
-                vs_marble[name] = (at[OURS, w]["average_jct_s"]
+            if (ours, w) in at and ("marble", w) in at:
+                vs_marble[name] = (at[ours, w]["average_jct_s"]
                                    / at["marble", w]["average_jct_s"])
     return {"cells": len(within), "within_3pct_both": sum(within), "worst": worst,
             "wins": wins, "average_jct_vs_marble": vs_marble}
 
 
-def print_overall(o: dict) -> None:
-    print(f"\n{OURS} within 3% of the best other policy on both metrics in "
+def print_overall(o: dict, ours: str = OURS) -> None:
+    print(f"\n{ours} within 3% of the best other policy on both metrics in "
           f"{o['within_3pct_both']} of {o['cells']} cells")
     if o["worst"]:
         w = o["worst"]
@@ -173,13 +187,17 @@ def print_overall(o: dict) -> None:
                       for p, n in sorted(o["wins"].items())))
     if o["average_jct_vs_marble"]:
         ratios = o["average_jct_vs_marble"]
-        print(f"{OURS} / marble avg JCT per cell (max {max(ratios.values()):.3f}): "
+        print(f"{ours} / marble avg JCT per cell (max {max(ratios.values()):.3f}): "
               + ", ".join(f"{c} {r:.3f}" for c, r in ratios.items()))
 
 
 def matrix(args) -> None:
     policies = args.policy or sorted(POLICIES)
-    workloads = args.workload or (MULTI if args.multi_node else WORKLOADS)
+    workloads = args.workload or (MULTI if args.multi_node else
+                                  HELD_OUT if args.held_out else WORKLOADS)
+    if args.trace:
+        workloads = [*workloads, f"trace:{args.trace}:{args.trace_nodes}"]
+    ours = args.ours or ("learned" if args.held_out else OURS)
     costs = args.cost or list(MULTI_COSTS if args.multi_node else COSTS)
     jobs = [(p, w, c, args.jobs) for c in costs for w in workloads for p in policies]
     t0 = time.perf_counter()
@@ -194,11 +212,11 @@ def matrix(args) -> None:
                           "hours_on_one_gpu": MULTI_HOURS}, "costs": {}}
     for c in costs:
         mine = [x for x in cells if x["cost"] == c]
-        summary = compare(mine, policies, workloads)
-        print_cost(c, mine, policies, workloads, summary)
+        summary = compare(mine, policies, workloads, ours)
+        print_cost(c, mine, policies, workloads, summary, ours)
         out["costs"][c] = {"cells": mine, **summary}
-    out["summary"] = overall(out["costs"], policies)
-    print_overall(out["summary"])
+    out["summary"] = overall(out["costs"], policies, ours)
+    print_overall(out["summary"], ours)
     print(f"\n{len(cells)} simulations in {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
@@ -302,7 +320,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", action="append", choices=sorted(POLICIES),
                     help="only this policy (repeatable; default: all)")
-    ap.add_argument("--workload", action="append", choices=WORKLOADS + MULTI,
+    ap.add_argument("--workload", action="append", choices=WORKLOADS + list(LOADS) + MULTI,
                     help="only this workload (repeatable; default: all)")
     ap.add_argument("--cost", action="append", metavar="LAUNCH/SUSPEND",
                     help=f"seconds per launch / suspension (repeatable; default: {COSTS})")
@@ -314,6 +332,12 @@ def main() -> None:
     ap.add_argument("--multi-node", action="store_true",
                     help=f"the multi-node family instead: long jobs on {MULTI_NODES} nodes of "
                          f"{MULTI_GPUS} GPUs, two loads (default costs {MULTI_COSTS})")
+    ap.add_argument("--held-out", action="store_true",
+                    help="the learned policy's evaluation: workloads it was not trained on")
+    ap.add_argument("--trace", metavar="FILE", help="also this CSV trace (`marble trace`)")
+    ap.add_argument("--trace-nodes", type=int, default=1, help="nodes the trace runs on")
+    ap.add_argument("--ours", choices=sorted(POLICIES),
+                    help="the policy compared with the best other (default adaptive)")
     ap.add_argument("--best-static", action="store_true",
                     help="compare with the best static plan on the paper job sets instead")
     ap.add_argument("--nodes", type=int, default=8, help="with --decision: nodes x 6 GPUs")

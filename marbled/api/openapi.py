@@ -14,8 +14,10 @@ from marbled.core.spec import (
     MAX_RETRIES,
     MAX_STEPS,
     MODEL_CHARS,
+    NODE_RANGE,
 )
 
+ENUMERATED_RANGES = 32  # up to this many nodes, a broker lists the node ranges it takes
 MAX_JOB_ID = 10**18 - 1  # the largest id the API takes: 18 digits (SQLite's integers hold it)
 MAX_PAGE = 10_000  # GET /v1/jobs?limit=: the most jobs a page may ask for
 LOG_STREAMS = ("stdout", "stderr")  # GET /v1/jobs/{id}/log?stream=
@@ -114,9 +116,14 @@ JOB = {
         "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
                  "pattern": _one_not_in(str.isdigit),
                  "description": "not only digits (it would read as a job id)"},
-        "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES, "default": 1,
+        "nodes": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_NODES},
+                            {"type": "string", "pattern": NODE_RANGE}],
+                  "default": 1,
                   "description": "run `gpus` GPUs on each of this many nodes (one process "
-                                 "per node; policies marble and rigid)"},
+                                 "per node; policies marble, adaptive and rigid), or a range "
+                                 "'MIN-MAX' (MIN <= MAX): the GPUs of MAX nodes, on the "
+                                 "fewest nodes in the range that divide them and have them "
+                                 "free"},
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
                     "description": "times a failed run is started again from its checkpoint, "
                                    "after a back-off that doubles each time"},
@@ -270,7 +277,11 @@ def for_broker(node_gpus: int, nodes: int, models: list[str]) -> dict:
     job = spec["components"]["schemas"]["Job"]
     next(s for s in job["properties"]["gpus"]["anyOf"]
          if s.get("type") == "integer")["maximum"] = node_gpus
-    job["properties"]["nodes"]["maximum"] = nodes
+    count, text = job["properties"]["nodes"]["anyOf"]
+    count["maximum"] = nodes
+    if nodes <= ENUMERATED_RANGES:  # what a pattern cannot say: MIN <= MAX <= the nodes
+        text.pop("pattern")
+        text["enum"] = [f"{a}-{b}" for b in range(1, nodes + 1) for a in range(1, b + 1)]
     emulated = next(s for s in job["allOf"][0]["oneOf"]
                     if s["properties"]["emulate"] == {"const": True})
     emulated["properties"]["model"] = {"enum": sorted(models)} if models else False

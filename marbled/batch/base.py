@@ -65,6 +65,7 @@ class LaunchRequest:
     others: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cwd: Path | None = None  # where the process runs (the job's chdir); None: `run_dir`
     per_gpu: bool = False  # one process (rank) per GPU of every node (marbled.batch.ranks)
+    standby_ranks: int = 0  # a prestarted per-GPU run: the ranks to start waiting for the go
 
     @property
     def workdir(self) -> Path:

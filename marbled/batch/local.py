@@ -32,7 +32,7 @@ from marbled.batch.base import (
     process_start_time,
 )
 from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
-from marbled.batch.ranks import LOCAL_ADDR, descendants, free_ports, rank_envs
+from marbled.batch.ranks import descendants, local_rank_envs
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -183,14 +183,13 @@ class LocalLauncher:
         size) and the opening of its logs happen in a worker thread, off the event loop.
 
         A per-GPU run's process is marbled.batch.ranks, which starts one rank per GPU of
-        every node (all on this host, node 0's GPUs first), with MASTER_PORT free here."""
+        every node (all on this host, node 0's GPUs first), with MASTER_PORT free here; a
+        prestarted one starts `standby_ranks` ranks, given their GPUs by the go."""
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
         argv = request.argv
         if request.per_gpu:
-            world = sum(len(devices) for _, devices in request.parts)
-            ports = free_ports(1 + world if world > 1 else 1)
-            envs = rank_envs(request.parts, LOCAL_ADDR, ports[0], ports[1:] or None)
-            argv = (sys.executable, "-m", "marbled.batch.ranks", json.dumps(envs), *argv)
+            ranks = request.standby_ranks or local_rank_envs(request.parts)
+            argv = (sys.executable, "-m", "marbled.batch.ranks", json.dumps(ranks), *argv)
         proc, start = await asyncio.get_running_loop().run_in_executor(
             None, _spawn, argv, request, env)
         return LocalRun(proc, proc.pid, start)

@@ -1,5 +1,6 @@
 """One process per GPU: the ranks of a per-GPU run, their rendezvous variables, and
-`python -m marbled.batch.ranks RANKS ARGV...`, which starts them on this host.
+`python -m marbled.batch.ranks RANKS ARGV...`, which starts them on this host (RANKS: their
+variables as a JSON list, or how many to prestart).
 
 Every rank gets what `torch.distributed`'s env:// rendezvous reads (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), what picks its device (LOCAL_RANK, LOCAL_WORLD_SIZE) and
@@ -21,7 +22,10 @@ its own session, are not (docs/distributed.md). It
   suspension or been asked for one (rank 0 may still be saving; the broker's timeouts
   bound that). It exits as the failed
   rank did and leaves RANK_FAILURE in the job's directory, naming the rank;
-- outlives SIGTERM (its ranks get it too) to collect their exits and output.
+- outlives SIGTERM (its ranks get it too) to collect their exits and output;
+- prestarted (RANKS a count, MARBLE_STANDBY_FILE its go file): starts that many ranks, each
+  waiting for its own go file, and at the broker's go hands each rank of the run its
+  variables, cancels the ranks beyond the run's and starts those it lacks (`_prestarted`).
 
 Under Slurm and jsrun the batch system starts the ranks (one task per GPU), and the step
 shim (marbled.batch.step) maps the task's SLURM_* or JSM_* numbers to these variables.
@@ -40,7 +44,14 @@ import sys
 import threading
 from pathlib import Path
 
-from marbled.worker.protocol import ACK_FILE, SUSPEND_FILE, atomic_write_json, read_json
+from marbled.worker.protocol import (
+    ACK_FILE,
+    STANDBY_VAR,
+    SUSPEND_FILE,
+    atomic_write_json,
+    read_json,
+    wait_for_go,
+)
 
 RANK_FAILURE = "rank-failure.json"  # in the job's directory: the rank that ended a run
 LOCAL_ADDR = "127.0.0.1"  # every node of a local broker is this host
@@ -94,6 +105,14 @@ def rank_envs(parts: tuple[tuple[str, tuple[str, ...]], ...], master_addr: str,
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                            "task": {"type": "worker", "index": index}})
     return envs
+
+
+def local_rank_envs(parts: tuple[tuple[str, tuple[str, ...]], ...]) -> list[dict[str, str]]:
+    """rank_envs of a run whose ranks all run on this host (every node of a local broker),
+    with MASTER_PORT, and with 2 or more ranks the TF_CONFIG ports, free here now."""
+    world = sum(len(devices) for _, devices in parts)
+    ports = free_ports(1 + world if world > 1 else 1)
+    return rank_envs(parts, LOCAL_ADDR, ports[0], ports[1:] or None)
 
 
 def descendants(pid: int) -> list[int]:
@@ -166,34 +185,94 @@ def _of_this_run(name: str) -> bool:
     return doc is not None and str(doc.get("run_id")) == run_id
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit("usage: python -m marbled.batch.ranks RANKS_JSON ARGV...")
-    envs, command = json.loads(argv[0]), argv[1:]
-    # The ranks get the group's SIGTERM (and SIGINT, SIGHUP) too: stay to see them end.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: None)
-    ranks: dict[int, int] = {}  # pid -> rank
-    # held: a Popen dropped while its child runs is reaped by the next Popen (subprocess's
-    # cleanup of dropped ones), and os.wait() below would never see that rank end
-    procs: list[subprocess.Popen] = []
-    relays = []
-    for rank, extra in enumerate(envs):  # rank 0 first
+class _Ranks:
+    """The ranks this process started and the threads relaying their output."""
+
+    def __init__(self, command: list[str]):
+        self.command = command
+        self.ranks: dict[int, int] = {}  # pid -> rank, of the run's ranks still running
+        # held: a Popen dropped while its child runs is reaped by the next Popen (subprocess's
+        # cleanup of dropped ones), and os.wait() below would never see that rank end
+        self.procs: list[subprocess.Popen] = []
+        self.relays: list[threading.Thread] = []
+
+    def start(self, rank: int, extra: dict[str, str]) -> subprocess.Popen:
         try:
-            proc = subprocess.Popen(command, env={**os.environ, **extra},
+            proc = subprocess.Popen(self.command, env={**os.environ, **extra},
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, restore_signals=True)
         except OSError as exc:
-            for pid in ranks:
-                os.kill(pid, signal.SIGKILL)
-            sys.exit(f"marbled: cannot run {command[0]!r}: {exc.strerror}")
-        ranks[proc.pid] = rank
-        procs.append(proc)
+            for started in self.procs:
+                started.kill()
+            sys.exit(f"marbled: cannot run {self.command[0]!r}: {exc.strerror}")
+        self.ranks[proc.pid] = rank
+        self.procs.append(proc)
         for pipe, fd in ((proc.stdout, 1), (proc.stderr, 2)):
             relay = threading.Thread(target=_relay, args=(pipe, fd, rank_prefix(rank)),
                                      daemon=True)
             relay.start()
-            relays.append(relay)
+            self.relays.append(relay)
+        return proc
+
+
+def rank_go_file(go_file: Path, rank: int) -> Path:
+    """Where prestarted rank `rank` of a per-GPU run waits for its part of the run's go."""
+    return go_file.with_name(f"go-rank-{rank}.json")
+
+
+def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list]:
+    """A prestarted per-GPU run: start `count` ranks waiting in ready(), wait for the broker's
+    go, and give each rank of the run its variables; (the run's rank variables, the ranks
+    told to exit).
+
+    The go names the run's nodes and GPUs, so the world size, the rendezvous and each rank's
+    GPUs are known only now. Rank r of the run is the rank started r-th: a go with fewer
+    ranks cancels the rest (they exit at once), one with more starts the missing ranks now,
+    cold, as it does a rank that died while it waited."""
+    go_file = Path(os.environ.pop(STANDBY_VAR))
+    files = [rank_go_file(go_file, rank) for rank in range(count)]
+    waiting = []
+    for rank, file in enumerate(files):
+        file.unlink(missing_ok=True)
+        waiting.append(run.start(rank, {STANDBY_VAR: str(file)}))
+    broker = os.environ.get("MARBLE_BROKER_PID", "")
+    go = wait_for_go(go_file, int(broker) if broker.isdigit() else None)
+    if go is None:  # dropped, or no broker: no waiting rank may outlive the standby
+        _kill_all_but_me(run.ranks)
+        sys.exit(0)
+    parts = tuple((node, tuple(devices)) for node, devices in go.pop("parts"))
+    os.environ.update({k: str(v) for k, v in go.items()})  # the run's, for the ranks started now
+    envs = local_rank_envs(parts)
+    for rank, env in enumerate(envs):
+        if rank < count and waiting[rank].poll() is None:
+            atomic_write_json(files[rank], {**go, **env}, durable=False)
+        else:
+            if rank < count:
+                del run.ranks[waiting[rank].pid]
+            run.start(rank, env)
+    for rank in range(len(envs), count):
+        atomic_write_json(files[rank], {"cancel": True}, durable=False)
+        run.ranks.pop(waiting[rank].pid, None)
+    return envs, waiting[len(envs):]
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        sys.exit("usage: python -m marbled.batch.ranks RANKS ARGV...\n  RANKS: the ranks' "
+                 "variables (a JSON list), or how many ranks to prestart (they wait for the "
+                 f"go file in ${STANDBY_VAR})")
+    spec, command = json.loads(argv[0]), argv[1:]
+    # The ranks get the group's SIGTERM (and SIGINT, SIGHUP) too: stay to see them end.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: None)
+    run, cancelled = _Ranks(command), []
+    if isinstance(spec, int):
+        envs, cancelled = _prestarted(spec, run)
+    else:
+        envs = spec
+        for rank, extra in enumerate(envs):  # rank 0 first
+            run.start(rank, extra)
+    ranks = run.ranks
     failed: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
     while ranks:
         pid, status = os.wait()
@@ -209,7 +288,11 @@ def main(argv: list[str]) -> None:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                     print(f"marbled: rank {rank} {how}; stopping the other {len(ranks)} "
                           "rank(s)", file=sys.stderr, flush=True)
-    for relay in relays:  # a rank's own child may hold its pipe open: do not wait for it
+    for proc in cancelled:  # they exit as they read their go: none outlives the run
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+        proc.kill()
+    for relay in run.relays:  # a rank's own child may hold its pipe open: do not wait for it
         relay.join(timeout=1.0)
     if failed is None:
         sys.exit(0)

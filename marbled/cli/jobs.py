@@ -27,9 +27,11 @@ from marbled.core.spec import JobSpec, SpecError
 @click.option("--gpus", default="auto", show_default=True,
               help="'auto' (the profile's optimal count; the job may be suspended and resumed) "
                    "or a fixed count K (runs on exactly K GPUs, never suspended).")
-@click.option("--nodes", type=click.IntRange(1), default=None,
+@click.option("--nodes", metavar="K|MIN-MAX", default=None,
               help="Run on this many nodes, --gpus on each, one process per node (as one "
-                   "multi-node step under Slurm). [default: 1]")
+                   "multi-node step under Slurm); a range MIN-MAX keeps the GPUs of MAX nodes "
+                   "and runs them on the fewest nodes in it that have them free "
+                   "(docs/distributed.md). [default: 1]")
 @click.option("--per-gpu", is_flag=True,
               help="Start one process (rank) per GPU, with RANK, WORLD_SIZE, LOCAL_RANK "
                    "(its GPU), MASTER_ADDR and MASTER_PORT, as torchrun does (PyTorch DDP; "
@@ -97,7 +99,8 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
             raise click.UsageError(f"give the command to run after --, e.g. 'marble submit "
                                    f"{example or '--gpus 1'} -- python train.py', or --emulate "
                                    "for marbled's emulated job of --model")
-        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate, "nodes": nodes,
+        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate,
+               "nodes": int(nodes) if nodes and nodes.isdigit() else nodes,
                "retries": retries, "new_model": new_model, "per_gpu": per_gpu,
                "after": [int(a) if a.isdigit() else a for a in after],
                "gpus": int(gpus) if gpus.isdigit() else gpus}
@@ -240,10 +243,12 @@ def show(ctx, ref, as_json):
 
     def text() -> None:
         want = (job.get("want") or {}).get("text", job["demand"])  # None once it has ended
+        nodes = job["nodes"] if job.get("nodes_min") is None else \
+            f"{job['nodes_min']}-{job['nodes']}"
         for key in ("id", "name", "model", "steps", "state", "role", "node", "gpus", "want",
-                    "gpus_request", "malleable", "per_gpu", "step", "suspensions", "after",
-                    "command", "chdir", "exit_code", "reason", "why"):
-            value = want if key == "want" else job.get(key)
+                    "gpus_request", "nodes", "malleable", "per_gpu", "step", "suspensions",
+                    "after", "command", "chdir", "exit_code", "reason", "why"):
+            value = {"want": want, "nodes": nodes}.get(key, job.get(key))
             click.echo(f"{key + ':':<14}{'-' if value is None else value}")
         click.echo("runs:")
         for r in job["runs"]:

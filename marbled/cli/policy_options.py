@@ -26,4 +26,7 @@ def policy_settings(command: Callable) -> Callable:
 
 def make_policy(name: str, params: dict) -> Policy:
     """The policy `name` with the settings of `policy_settings` found in `params`."""
-    return get_policy(name, **{k: params.get(k) for k in all_options()})
+    try:
+        return get_policy(name, **{k: params.get(k) for k in all_options()})
+    except ValueError as exc:  # e.g. the learned policy's weights file is missing
+        raise click.ClickException(str(exc)) from None

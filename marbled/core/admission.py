@@ -50,7 +50,7 @@ def admit(specs: list[JobSpec], *, first_id: int, state: State, book: ProfileBoo
             after = tuple(_dependency(ref, job_id, first_id, first_id + len(specs), state,
                                       names, batch_names) for ref in spec.after)
             job = Job(job_id, sizing.demand, sizing.malleable, after, spec.nodes,
-                      max_share=sizing.max_share)
+                      nodes_min=spec.nodes_min, max_share=sizing.max_share)
             never = policy.feasible(job, state)
             if never:
                 raise SpecError(*never)

@@ -7,7 +7,7 @@ daemon, the simulator) feed events in through the transition methods of
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -74,7 +74,8 @@ class Job:
     count it asked for. A *malleable* job speaks the worker protocol: it may
     start as a secondary on fewer GPUs and be suspended; a rigid job (explicit
     `--gpus K`) runs on exactly its count and is never suspended. A job on
-    `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary.
+    `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary
+    (with `nodes_min`, the same GPUs in all on fewer nodes, more on each).
     `max_share` > 1: its profile says it trains usefully on 1/max_share of a GPU.
     `curve` (its model's throughput, with start-up and suspend costs) and `steps_left`
     (the steps it still has to train when it is not running) are for policies that
@@ -99,10 +100,23 @@ class Job:
     steps_left: float | None = None  # at its submission or its last suspension
     move: str | None = None  # why a running job is off its demand by what was learned (the
     # reason of the policy's move: 'explore', 'learned optimum'); None: a secondary's promotion
+    submitted: float | None = None  # when it was submitted, on the driver's clock (None: unknown)
+    # a node range (`nodes_min` to `nodes`): its demand x nodes GPUs run on any count in it
+    # that divides them (core/policy/spread.py); None: exactly `nodes`
+    nodes_min: int | None = None
 
     @property
     def gpus(self) -> tuple[int, ...]:
         return self.placement.gpus if self.placement else ()
+
+    @property
+    def next_run_gpus(self) -> int:
+        """The GPU count its next run is expected to get, on all its nodes together (the ranks
+        a prestart starts for a per-GPU job): those reserved for its resume after a
+        promotion, else its demand on each of its nodes."""
+        if self.resume_on is not None:
+            return sum(len(gpus) for _, gpus in self.resume_on.parts())
+        return self.demand * self.nodes
 
     def fit(self, gpus: int) -> int | None:
         """The most GPUs, at most `gpus`, the job can run on (its curve may rule some counts
@@ -201,6 +215,7 @@ class State:
         self._taken: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._shared: dict[tuple[str, int], dict[int, int]] = {}  # GPU -> {job: its share}
         self._waiting: list[int] = []  # ids of waiting jobs, ascending: the FIFO
+        self._ids: list[int] = []  # ids of every job, ascending (see `overtaken`)
         self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
@@ -276,6 +291,17 @@ class State:
         """Queued jobs whose dependency failed, was cancelled or does not exist, oldest first:
         they can never start."""
         return sorted(self._broken)
+
+    @property
+    def ready_count(self) -> int:
+        """How many jobs `ready()` gives, without reading them."""
+        return len(self._ready)
+
+    def overtaken(self, job_id: int) -> int:
+        """Jobs submitted after `job_id` that no longer wait (started, or ended): for a job
+        that has waited since its submission, how many later jobs went before it."""
+        later = len(self._ids) - bisect_right(self._ids, job_id)
+        return later - (len(self._waiting) - bisect_right(self._waiting, job_id))
 
     @property
     def unfinished(self) -> int:
@@ -425,8 +451,8 @@ class State:
             self._resumable.add(new.id)
         else:
             self._resumable.discard(new.id)
-        if new.state is JobState.RUNNING and new.placement.share == 1 \
-                and len(new.gpus) > new.demand:
+        if new.state is JobState.RUNNING and new.placement.share == 1 and new.nodes == 1 \
+                and len(new.gpus) > new.demand:  # (a node range's run on fewer nodes is not)
             self._above.add(new.id)
         else:
             self._above.discard(new.id)
@@ -435,6 +461,8 @@ class State:
         else:
             self._with_deps.discard(new.id)
         self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
+        if old is None:
+            insort(self._ids, new.id)
         self.jobs[new.id] = new
         if new.after and old is None:
             for dep in new.after:

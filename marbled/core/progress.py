@@ -70,3 +70,24 @@ def run_progress(report: dict, steps: int | None, gpus: int, share: int,
     if not steps or rate <= 0:
         return Progress(rate, source, None)
     return Progress(rate, source, at + max(steps - step, 0) / rate)
+
+
+def end_forecast(report: dict, steps: int | None, gpus: int, share: int,
+                 curve: ThroughputCurve | None, now: float) -> float | None:
+    """When a running job should end, for the broker's wait for ends that come together
+    (None: unknown). As `run_progress`, except that a run too short for a measured speed
+    (under `MIN_WINDOW_S` of training: a short job may end before one is measured) is timed
+    by its own steps so far, and its curve's estimate counts from its last report, not from
+    `now`: the run's own pace, not the profile's, says whether it ends in the next ms."""
+    if not report and steps and curve is not None:  # (the common case, made cheap)
+        return now + steps / curve.throughput(gpus, share) if curve.possible(gpus) else None
+    progress = run_progress(report, steps, gpus, share, curve, now)
+    if progress.source == "measured" or not steps:
+        return progress.finish_at
+    first, last = first_point(report), training_point(report)
+    if first is None or last is None:  # not training yet: not due before its whole run
+        return progress.finish_at
+    left = max(steps - last.step, 0)
+    if last.step > first.step and last.time > first.time:
+        return last.time + left / ((last.step - first.step) / (last.time - first.time))
+    return last.time + left / progress.rate if progress.rate else None

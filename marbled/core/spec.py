@@ -48,6 +48,9 @@ class JobSpec:
     # One process (rank) per GPU of its placement, started by the launcher with the
     # rendezvous variables (docs/distributed.md); False: one process (per node)
     per_gpu: bool = False
+    # A node range, as Slurm's --nodes=MIN-MAX: the job's GPUs (`gpus` x `nodes`) may run on
+    # any count from nodes_min to `nodes` that divides them (core/policy/spread.py); None: `nodes`
+    nodes_min: int | None = None
 
     FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes",
               "retries", "chdir", "new_model", "per_gpu")
@@ -123,9 +126,7 @@ class JobSpec:
         if isinstance(name, str) and name.isdigit():
             raise SpecError("name", "must not be all digits (it would read as a job id)")
 
-        nodes = doc.get("nodes", 1)
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 < nodes <= MAX_NODES:
-            raise SpecError("nodes", f"must be a whole number of nodes from 1 to {MAX_NODES}")
+        nodes_min, nodes = node_range(doc.get("nodes", 1))
 
         retries = doc.get("retries", 0)
         if isinstance(retries, bool) or not isinstance(retries, int) \
@@ -149,12 +150,22 @@ class JobSpec:
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
         return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries,
-                   chdir, new_model, per_gpu)
+                   chdir, new_model, per_gpu, nodes_min)
 
     def run_from(self, base: str) -> JobSpec:
         """This job with an absolute `chdir`: its own joined to the absolute directory `base`
         (a relative one reads from `base`), or `base` itself if it names none."""
         return replace(self, chdir=posixpath.normpath(posixpath.join(base, self.chdir or ".")))
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes it may run on: `nodes_min` of a range, else `nodes`."""
+        return self.nodes if self.nodes_min is None else self.nodes_min
+
+    @property
+    def nodes_text(self) -> str:
+        """'2', or a range '1-2' (what `marble submit --nodes` and job files take)."""
+        return str(self.nodes) if self.nodes_min is None else f"{self.nodes_min}-{self.nodes}"
 
     def to_mapping(self) -> dict:
         return {
@@ -165,12 +176,37 @@ class JobSpec:
             "gpus": "auto" if self.gpus is None else self.gpus,
             "after": list(self.after),
             "name": self.name,
-            "nodes": self.nodes,
+            "nodes": self.nodes_text if self.nodes_min is not None else self.nodes,
             "retries": self.retries,
             "chdir": self.chdir,
             "new_model": self.new_model,
             "per_gpu": self.per_gpu,
         }
+
+
+NODES_HELP = (f"must be a whole number of nodes from 1 to {MAX_NODES}, or a range 'MIN-MAX' "
+              "such as '1-2' (as Slurm's --nodes)")
+NODE_RANGE = "^([1-9][0-9]*)-([1-9][0-9]*)$"  # 'MIN-MAX'; a single count is a number
+
+
+def node_range(value: object) -> tuple[int | None, int]:
+    """(nodes_min, nodes) of a job's `nodes`: a whole number N (None, N), or 'MIN-MAX' as
+    Slurm's --nodes (MIN, MAX; None, MAX when they are equal: the same fixed count)."""
+    # fullmatch without the anchors: Python's $ also matches before a final newline
+    match = re.fullmatch(NODE_RANGE[1:-1], value) if isinstance(value, str) \
+        and len(value) < 16 else None
+    if match:
+        low, high = int(match[1]), int(match[2])
+    elif isinstance(value, int) and not isinstance(value, bool):
+        low = high = value
+    else:
+        raise SpecError("nodes", NODES_HELP)
+    if not 0 < low <= MAX_NODES or not 0 < high <= MAX_NODES:
+        raise SpecError("nodes", NODES_HELP)
+    if low > high:
+        raise SpecError("nodes", f"the range {low}-{high} runs backwards; write the fewest "
+                                 f"nodes first: {high}-{low}")
+    return (None if low == high else low), high
 
 
 def is_torchrun(command: tuple[str, ...]) -> bool:
@@ -207,9 +243,13 @@ class Sizing:
 def size_job(spec: JobSpec, book: ProfileBook, node_gpus: int, node_count: int = 1) -> Sizing:
     """How many GPUs `spec` wants on each of its nodes, out of `node_count` nodes of
     `node_gpus`; SpecError if it can never run."""
+    if spec.fewest_nodes > node_count:
+        raise SpecError("nodes", f"asks for {spec.nodes_text} nodes but there are "
+                                 f"{node_count}; ask for at most {node_count}")
     if spec.nodes > node_count:
-        raise SpecError("nodes", f"asks for {spec.nodes} nodes but there are {node_count}; "
-                                 f"ask for at most {node_count}")
+        raise SpecError("nodes", f"the range {spec.nodes_text} reaches past the {node_count} "
+                                 f"nodes there are; give {spec.fewest_nodes}-{node_count}: "
+                                 "the job's GPUs are its count on each of the most nodes")
     if spec.emulate and book.lookup(spec.model) is None:
         raise SpecError(
             "model",

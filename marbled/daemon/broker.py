@@ -23,6 +23,7 @@ from marbled.core.learning import LearnedBook
 from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
+from marbled.core.progress import end_forecast
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
@@ -107,16 +108,47 @@ class Broker:
         self.wake()
 
     async def _coalesce(self) -> None:
-        """After a run's end, wait until no other has ended for `coalesce_s` (at most
-        `coalesce_max_s`): short jobs that end a few ms apart are one decision, so a neighbour
-        is not resized at each of their ends."""
+        """After a run's end, wait until no other has ended for `coalesce_s`, and until the
+        runs whose progress says they end within `coalesce_max_s` have ended, at most
+        `coalesce_max_s` in all: short jobs that end a few ms apart (their processes started
+        a few ms apart) are one decision, as the simulator takes the ends of one instant, so
+        a neighbour is not resized, nor a run started and reshaped, at each of their ends.
+        With no other run due, the decision waits for the quiet period alone."""
         quiet, loop = self.config.coalesce_s, asyncio.get_running_loop()
-        give_up = loop.time() + self.config.coalesce_max_s
+        first = loop.time()
+        give_up = first + self.config.coalesce_max_s
         self.coalescing = True
-        while self._ending and quiet > 0 and loop.time() < give_up:
-            self._ending = False
-            await asyncio.sleep(min(quiet, give_up - loop.time()))
+        due: set[int] = set()
+        waited_for: set[int] = set()
+        while (self._ending or due & self.runs.live.keys()) and quiet > 0 \
+                and loop.time() < give_up:
+            began = loop.time()
+            if self._ending:  # forecasts are read again at each end (a stat per live run)
+                self._ending = False
+                due = self._due_within(give_up - began)
+                waited_for |= due
+            # the reading is part of the quiet period, not added to it
+            await asyncio.sleep(max(min(began + quiet, give_up) - loop.time(), 0.0))
+        if waited_for:
+            log.debug("deciding %.0f ms after a run's end: waited for jobs %s, due to end "
+                      "(still running: %s)", (loop.time() - first) * 1000, sorted(waited_for),
+                      sorted(waited_for & self.runs.live.keys()) or "none")
         self._ending = self.coalescing = False
+
+    def _due_within(self, horizon: float) -> set[int]:
+        """The running jobs whose run should end within `horizon` s, or should have ended
+        less than `coalesce_max_s` ago (later than that, its forecast is not one to wait on)."""
+        now, late = self.clock.time(), self.config.coalesce_max_s
+        due = set()
+        for job_id, live in self.runs.live.items():
+            job, steps = self.state.jobs[job_id], self.specs[job_id].steps
+            if job.state is not JobState.RUNNING or not steps or job.placement is None:
+                continue
+            end = end_forecast(self.files.progress(job_id, live.run_id), steps, len(job.gpus),
+                               job.placement.share, job.curve, now)
+            if end is not None and now - late <= end <= now + horizon:
+                due.add(job_id)
+        return due
 
     def wake(self) -> None:
         self._wake.set()
@@ -345,7 +377,7 @@ class Broker:
     def _accepted(self, admitted: list, rows: list) -> None:
         for a, row in zip(admitted, rows, strict=True):
             row.notes = list(a.notes)  # for the submit answer only: not stored
-            self.add(a.job, a.spec)
+            self.add(replace(a.job, submitted=row.submitted_at), a.spec)
             if a.spec.name:
                 self.names[a.spec.name] = a.job.id
         self._next_id += len(admitted)

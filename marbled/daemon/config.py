@@ -25,9 +25,10 @@ class BrokerConfig:
     kill_timeout: float = 10.0  # SIGTERM -> exit, before SIGKILL
     monitor_interval: float = 1.0  # how often acknowledgement markers are looked for
     # Runs that end this close together (s) are one decision, as the simulator takes the ends
-    # of one instant; a stream of ends delays a decision by `coalesce_max_s` at most.
+    # of one instant; after an end the broker also waits for the runs whose progress says
+    # they end within `coalesce_max_s`, which bounds every wait (`coalesce_s` 0: none).
     coalesce_s: float = 0.01
-    coalesce_max_s: float = 0.1
+    coalesce_max_s: float = 0.5
     # A job the policy reshapes again within this many seconds of its last reshape is left as
     # it is (a loop that makes no progress); the refusal is logged as a `reshape-refused` event.
     reshape_window: float = 1.0

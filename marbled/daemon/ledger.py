@@ -44,7 +44,7 @@ JOB_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
     "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir",
-    "per_gpu")
+    "per_gpu", "nodes_min")
 INSERT_JOB = (f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) "
               f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
 INSERT_EVENT = "INSERT INTO events (at, kind, job_id, run_id, data) VALUES (?, ?, ?, ?, ?)"
@@ -206,7 +206,7 @@ class Ledger:
             max_share=a.job.max_share, command=list(a.spec.command), emulate=a.spec.emulate,
             after=list(a.job.after), state=JobState.QUEUED.value, step=0, suspensions=0,
             submitted_at=at, started_at=None, finished_at=None, exit_code=None, reason=None,
-            chdir=a.spec.chdir, per_gpu=a.spec.per_gpu,
+            chdir=a.spec.chdir, per_gpu=a.spec.per_gpu, nodes_min=a.spec.nodes_min,
         ) for a in admitted]
 
     def _insert_jobs(self, rows: list[SimpleNamespace]) -> Callable[[sqlite3.Connection], None]:
@@ -214,7 +214,8 @@ class Ledger:
             con.executemany(INSERT_JOB, [(
                 r.id, r.name, r.model, r.steps, r.gpus_request, r.demand, r.nodes, r.retries,
                 0, None, r.malleable, r.max_share, _json(r.command), r.emulate, _json(r.after),
-                r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir, r.per_gpu)
+                r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir, r.per_gpu,
+                r.nodes_min)
                 for r in rows])
             con.executemany(INSERT_EVENT, [(
                 r.submitted_at, "submitted", r.id, None,

@@ -44,7 +44,7 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         state = JobState(row.state)
         job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
                   suspensions=row.suspensions, not_before=row.not_before,
-                  max_share=row.max_share)
+                  max_share=row.max_share, submitted=row.submitted_at, nodes_min=row.nodes_min)
         if row.not_before is not None:
             wake_at(row.not_before)
         run = open_runs.get(row.id)

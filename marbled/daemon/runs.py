@@ -30,6 +30,7 @@ from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
 from marbled.daemon.requests import launch_request, start_failure
 from marbled.daemon.workfiles import JobFiles
+from marbled.worker.protocol import STANDBY_VAR
 
 log = logging.getLogger("marbled")
 
@@ -115,7 +116,8 @@ class Runs:
                                    f"{self.files.dir(job_id)}: {exc.strerror or exc}")
                 return
             standby = job_id in self.standby
-            handle = await self.standby.take(job_id, {**run_env, "devices": devices})
+            handle = await self.standby.take(job_id, {**run_env, "devices": devices,
+                                                      "parts": ((action.node, devices), *others)})
             if standby:
                 self.files.adopt_standby_logs(job_id, run_id)
             if handle is None:
@@ -169,17 +171,18 @@ class Runs:
     # ------------------------------------------------------------ prestart
 
     def prestart(self, job: Job, once_training: bool = False) -> None:
-        """Start the process of the job's next run now, on no GPU, waiting for its go file."""
-        # a per-GPU run's ranks are known only with its GPUs: not started ahead
+        """Start the process of the job's next run now, on no GPU, waiting for its go file
+        (a per-GPU job's: as many ranks as it is expected to get)."""
         if self.config.prestart == "off" or job.id in self.standby or not job.placement \
-                or self.specs[job.id].per_gpu or not self.files.waits_for_go(job.id,
-                                                                             once_training):
+                or not self.files.waits_for_go(job.id, once_training):
             return
-        go = self.files.go_file(job.id)
+        go, spec = self.files.go_file(job.id), self.specs[job.id]
         self.files.clear_standby_logs(job.id)
-        self.standby.start(job.id, go, launch_request(
-            self.config, self.files, job.id, self.specs[job.id], job.placement.node, (),
-            {"MARBLE_STANDBY_FILE": str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())}))
+        request = launch_request(
+            self.config, self.files, job.id, spec, job.placement.node, (),
+            {STANDBY_VAR: str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())})
+        self.standby.start(job.id, go, replace(
+            request, standby_ranks=job.next_run_gpus if spec.per_gpu else 0))
 
     # ------------------------------------------------------------ suspension and stops
 

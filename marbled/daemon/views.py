@@ -87,7 +87,9 @@ class Views:
             "role": job.role.value if job and job.role else None,
             "node": ",".join(n for n, _ in parts) or None,
             "gpus": [g for _, gs in parts for g in gs],
-            "demand": row.demand, "want": None, "nodes": row.nodes, "retries": row.retries,
+            "demand": row.demand, "want": None, "nodes": row.nodes,
+            "nodes_min": row.nodes_min,  # a node range's fewest (None: exactly `nodes`)
+            "retries": row.retries,
             "failures": row.failures, "not_before": row.not_before, "malleable": row.malleable,
             "gpus_request": "auto" if row.gpus_request is None else row.gpus_request,
             "step": row.step, "suspensions": row.suspensions, "after": row.after,

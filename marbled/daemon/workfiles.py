@@ -31,6 +31,9 @@ NO_OUTPUT = {"offset": 0, "next_offset": 0, "size": 0, "text": ""}
 class JobFiles:
     def __init__(self, state_dir: Path):
         self.root = Path(state_dir) / "jobs"
+        # progress paths are joined as strings: a Path join costs more than the stat, and
+        # the broker reads every live run's progress at each end (Broker._coalesce)
+        self._root = str(self.root)
         # Each job's last progress report as read, by what stat() says of its file: the
         # monitor and the API look often, a job reports every few seconds at most.
         self._progress: dict[int, tuple[tuple[int, int, int], dict | None]] = {}
@@ -107,7 +110,7 @@ class JobFiles:
         """The job's progress file, parsed again only when stat() shows a new one (a job
         replaces it atomically: a new inode, mtime and size) -- a tick of the monitor costs
         a stat per run, not an open, a read and a parse."""
-        path = self.dir(job_id) / PROGRESS_FILE
+        path = f"{self._root}/{job_id}/{PROGRESS_FILE}"
         try:
             st = os.stat(path)
         except OSError:

@@ -90,12 +90,13 @@ class SyntheticData:
 
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    ranks = init_distributed(timeout=args.timeout)
     torch.manual_seed(args.seed)  # the same initial model on every rank
-    # on its device before the optimizer: the restore then puts Adam's state there too
-    # (init_distributed() has waited for the GPUs of a prestarted process)
-    model = build_model(args.hidden).to(ranks.device)
+    # Built on the CPU before the rendezvous, the optimizer too (making the first one
+    # imports seconds more of torch): a prestarted rank has done it when its go comes.
+    model = build_model(args.hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    ranks = init_distributed(timeout=args.timeout)  # a prestarted rank waits here for its run
+    model.to(ranks.device)  # in place, before the restore, which puts Adam's state there too
     batch = {"batch_per_rank": args.batch} if args.linear_scaling else {"global_batch": args.batch}
     run = Suspendable(model, optimizer, steps=args.steps, **batch)  # restores, on every rank
     if args.report_interval is not None:

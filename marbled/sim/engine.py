@@ -280,7 +280,7 @@ class Simulator:
                                  tuple(x for x in a.spec.after if isinstance(x, int)),
                                  max_share=sizing.max_share,
                                  curve=self._costed(told.lookup(a.spec.model)),
-                                 steps_left=float(a.spec.steps)))
+                                 steps_left=float(a.spec.steps), submitted=a.at))
                 of_model.setdefault(a.spec.model, []).append(next_arrival)
                 done[next_arrival] = 0.0
             # Ends at one instant are taken together before the policy decides, as the daemon

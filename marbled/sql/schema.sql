@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 7.
+-- marbled state database (marble.db in the broker's state directory), schema version 8.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -29,6 +29,7 @@ CREATE TABLE jobs (
 	reason VARCHAR,                 -- why it is in its state (last transition)
 	chdir VARCHAR,                  -- the directory it runs in; NULL (before version 6): jobs/<id>/
 	per_gpu BOOLEAN DEFAULT '0' NOT NULL, -- one process (rank) per GPU, started by marbled
+	nodes_min INTEGER,              -- a node range MIN-nodes: its GPUs on fewer nodes; NULL: nodes
 	PRIMARY KEY (id)
 );
 CREATE INDEX ix_jobs_state ON jobs (state);

@@ -32,7 +32,7 @@ from sqlalchemy.pool import StaticPool
 
 from marbled.core.spec import JobSpec
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -50,6 +50,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: ("ALTER TABLE jobs ADD COLUMN chdir VARCHAR",),
     # one process per GPU (ranks started by the launcher); the jobs of older brokers: one
     7: ("ALTER TABLE jobs ADD COLUMN per_gpu BOOLEAN NOT NULL DEFAULT 0",),
+    # the fewest nodes of a node range (NULL: exactly `nodes`, as every job of older brokers)
+    8: ("ALTER TABLE jobs ADD COLUMN nodes_min INTEGER",),
 }
 
 
@@ -88,6 +90,7 @@ class JobRow(Base):
     reason: Mapped[str | None] = mapped_column(String)
     chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
     per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    nodes_min: Mapped[int | None] = mapped_column(Integer)  # a node range's fewest; NULL: nodes
 
 
 class RunRow(Base):
@@ -162,7 +165,7 @@ JOB_RECORD_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
     "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir",
-    "per_gpu")
+    "per_gpu", "nodes_min")
 JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
 
 
@@ -283,7 +286,7 @@ def job_spec(row) -> JobSpec:
     return JobSpec(command=tuple(row.command or ()), emulate=bool(row.emulate), model=row.model,
                    steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
                    name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir,
-                   per_gpu=bool(row.per_gpu))
+                   per_gpu=bool(row.per_gpu), nodes_min=row.nodes_min)
 
 
 def placement_columns(parts) -> tuple[str, str]:

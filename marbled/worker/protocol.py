@@ -49,6 +49,7 @@ RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "JSM_N
 SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
+STANDBY_VAR = "MARBLE_STANDBY_FILE"  # a prestarted process's go file, where it waits
 # A report names the newest earlier report at least this old (`since`): the broker's
 # speed and ETA follow the last second of training, or the last report interval if longer
 RATE_WINDOW_S = 1.0
@@ -105,6 +106,21 @@ def _int_env(name: str) -> int | None:
     return int(value) if value.strip().isdigit() else None
 
 
+def wait_for_go(go_file: Path, broker_pid: int | None) -> dict | None:
+    """The broker's go for a prestarted process, once written; None if the go cancels it or
+    the broker is gone (no go will come: the next broker starts the job afresh)."""
+    while (go := read_json(go_file)) is None:
+        if broker_pid and not _alive(broker_pid):
+            return None
+        time.sleep(0.01)
+    return None if go.get("cancel") else go
+
+
+def _env_rank() -> int:
+    """This process's rank in its job, as its launcher set it (0 if none did)."""
+    return next((int(os.environ[v]) for v in RANK_VARS if os.environ.get(v, "").isdigit()), 0)
+
+
 @dataclass
 class JobProtocol:
     job_id: int | None = None
@@ -139,7 +155,7 @@ class JobProtocol:
             target_steps=_int_env("MARBLE_TARGET_STEPS"),
             gpus=_int_env("MARBLE_GPUS") or len(devices),
             share=_int_env("MARBLE_GPU_SHARE") or 1,
-            rank=next((int(env[v]) for v in RANK_VARS if env.get(v, "").isdigit()), 0),
+            rank=_env_rank(),
         )
         with contextlib.suppress(ValueError):
             proto.phases["launch"] = float(env.get("MARBLE_LAUNCH_TIME", ""))
@@ -235,22 +251,17 @@ class JobProtocol:
         """
         self.waits_for_go = True
         self.mark("imported")
-        go_file = os.environ.pop("MARBLE_STANDBY_FILE", None)
+        go_file = os.environ.pop(STANDBY_VAR, None)
         if go_file is None:
             return
-        go = None
-        while go is None:
-            go = read_json(Path(go_file))
-            if go is None:
-                if self.broker_pid and not _alive(self.broker_pid):
-                    os._exit(0)  # no broker, no go: the next broker starts the job afresh
-                time.sleep(0.01)
-        if go.get("cancel"):
+        go = wait_for_go(Path(go_file), self.broker_pid)
+        if go is None:
             os._exit(0)
         os.environ.update({k: str(v) for k, v in go.items()})
         self.run_id = int(go["MARBLE_RUN_ID"])
         self.gpus = int(go["MARBLE_GPUS"])
         self.share = int(go.get("MARBLE_GPU_SHARE", 1))
+        self.rank = _env_rank()  # a prestarted rank of a per-GPU run learns its rank here
         self.phases["go"] = time.time()
 
     # -- step boundaries, shared by the framework helpers

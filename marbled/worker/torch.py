@@ -43,8 +43,9 @@ batch of a step a function of the step (or save the sampler state yourself).
 
 Several processes, one per GPU (DistributedDataParallel, `docs/distributed.md`)::
 
-    ranks = init_distributed()            # env:// rendezvous, bounded timeout, the device
-    model = build_model().to(ranks.device); opt = torch.optim.Adam(...)
+    model, opt = build_model(), torch.optim.Adam(...)  # on the CPU, before the rendezvous
+    ranks = init_distributed()  # a prestarted rank waits for its run; env://, the device
+    model.to(ranks.device)                              # in place: opt keeps its parameters
     run = Suspendable(model, opt, global_batch=256)    # every rank restores the checkpoint
     ddp = DDP(model)                                    # after the restore
     for step in run.steps():                            # every rank stops at the same step
@@ -76,7 +77,7 @@ import torch
 from torch import distributed as dist
 
 from marbled.worker.loop import StepLoop
-from marbled.worker.protocol import JobProtocol, atomic_write
+from marbled.worker.protocol import STANDBY_VAR, JobProtocol, atomic_write
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{9,})\.pt")
@@ -333,6 +334,8 @@ def job_ranks() -> tuple[int, int]:
     """(rank, world size) of this process in its job: torch.distributed's, else (0, 1)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    if os.environ.get(STANDBY_VAR):  # a prestarted rank learns its world at the go
+        JobProtocol.current().ready()
     world = os.environ.get("WORLD_SIZE", "").strip()
     if world not in ("", "0", "1"):
         raise DistributedError(
@@ -353,15 +356,21 @@ def _cpu_group() -> Any:
 class StopAgreement:
     """The ranks of a job decide together, at step boundaries, whether to stop there.
 
-    One all-reduce(MAX) of [stop asked, -k proposed, step, -step] on the CPU, every k
-    steps: all ranks stop at the same step if any rank was asked, and ranks at different
-    steps raise DistributedError instead of hanging in the next collective. k adapts: each
-    rank proposes the least k for which a check's time (a moving average; the first
-    check, which waits for every rank's start-up, is left out) is under `budget` of the
-    training time between two checks, but no more steps than `max_wait` seconds of
-    training (the stop's added latency); the smallest proposal wins (it comes from the
-    rank that arrived last, whose checks did not also wait for the others). `every`: a
-    fixed k instead. `checks` and `seconds` count the checks and their time.
+    A vote every k steps: an all-reduce(MAX) of [stop asked, -k proposed, step, -step] on
+    the CPU, started without blocking after step s and waited for after step s + 1, so
+    that the step in between hides the collective's latency and the ranks' skew. The vote
+    says "stop after step s + 1": every rank stops there if any rank had been asked by s,
+    and ranks at different steps raise DistributedError instead of hanging in the next
+    collective. The first vote, after the restore, is waited for at once: a run asked
+    while it started stops before its first step, and ranks that restored different steps
+    fail before they train.
+
+    k adapts: each rank proposes the least k for which a vote's time (starting it and
+    waiting for it, a moving average; the first vote, which waits for every rank's
+    start-up, is left out) is under `budget` of the training time between two votes, but
+    no more than `max_wait` seconds of training for the k + 1 steps a request may wait
+    (k to the next vote, one to its stop); the smallest proposal wins. `every`: a fixed k
+    instead. `checks` and `seconds` count the votes and this rank's time in them.
     """
 
     def __init__(self, *, budget: float = 0.01, max_wait: float = 0.25,
@@ -373,48 +382,74 @@ class StopAgreement:
         self.budget, self.max_wait, self.every = budget, max_wait, every
         self.group = group if group is not None else _cpu_group()
         self.k = every or 1
-        self.next_step: int | None = None  # the next check's step (None: the next boundary)
+        self.next_step: int | None = None  # where the next vote starts (None: the first)
         self.checks, self.seconds = 0, 0.0
-        self.cost: float | None = None  # seconds a check takes: a moving average
-        self._last: tuple[int, float] | None = None  # the last check's step and end
+        self.cost: float | None = None  # seconds a vote takes this rank: a moving average
+        self.step_s: float | None = None  # seconds a step trains, between votes
+        self._last: tuple[int, float] | None = None  # the step and end of the last vote's work
+        self._vote: tuple[Any, torch.Tensor, float] | None = None  # started: work, tensor, s
 
-    def _propose(self, step: int, now: float) -> int:
+    def _propose(self) -> int:
         if self.every:
             return self.every
-        if self._last is None or self.cost is None or step <= self._last[0]:
+        if self.cost is None or not self.step_s:
             return 1
-        last_step, end = self._last
-        step_s = (now - end) / (step - last_step)
-        if step_s <= 0:
-            return 1
-        by_cost = math.ceil(self.cost / (self.budget * step_s))
-        return max(1, min(by_cost, int(self.max_wait / step_s)))
+        by_cost = math.ceil(self.cost / (self.budget * self.step_s))
+        return max(1, min(by_cost, int(self.max_wait / self.step_s) - 1))
+
+    def _timed(self, step: int, start: float) -> float:
+        """The end of this boundary's work; the training time per step since the last."""
+        end = time.perf_counter()
+        self.seconds += end - start
+        if self._last is not None and step > self._last[0]:
+            self.step_s = (start - self._last[1]) / (step - self._last[0])
+        self._last = (step, end)
+        return end - start
 
     def stop(self, step: int, asked: bool) -> bool:
-        """At the boundary after `step`: whether every rank stops here. Between two checks:
+        """At the boundary after `step`: whether every rank stops here. Between two votes:
         False, without communicating."""
-        if self.next_step is not None and step < self.next_step:
-            return False
         start = time.perf_counter()
-        vote = torch.tensor([int(asked), -self._propose(step, start), step, -step],
-                            dtype=torch.int64)
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group)
+        if self._vote is None:
+            if self.next_step is not None and step < self.next_step:
+                return False
+            vote = torch.tensor([int(asked), -self._propose(), step, -step], dtype=torch.int64)
+            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            first = self.next_step is None
+            self._vote = (work, vote, 0.0 if first else self._timed(step, start))
+            if not first:
+                return False  # waited for after the next step
+            start = time.perf_counter()
+        work, vote, started = self._vote
+        self._vote = None
+        # A peer that died fails the wait as any collective would: at once when its
+        # connection closes, else after the group's timeout. An error, never a hang.
+        work.wait()
         stop, minus_k, highest, minus_lowest = vote.tolist()
-        end = time.perf_counter()
         if highest != -minus_lowest:
             raise DistributedError(
                 f"the ranks are at different steps ({-minus_lowest} to {highest}): every rank "
                 "must restore the same checkpoint (MARBLE_CHECKPOINT_DIR on a file system "
                 "all nodes see) and run the same steps (leave run.steps() on all or none)")
-        self.checks += 1
-        self.seconds += end - start
-        if self._last is not None:
-            took = end - start
+        took = started + self._timed(step, start)
+        if self.checks:  # not the first vote: it waited for every rank's start-up
             self.cost = took if self.cost is None else 0.8 * self.cost + 0.2 * took
-        self._last = (step, end)
+        self.checks += 1
+        # the vote started after step `highest`; the next one starts k steps after that
         self.k = -minus_k
-        self.next_step = step + self.k
+        self.next_step = highest + self.k
+        if not stop and self.next_step <= step:
+            return self.stop(step, asked)  # k = 1: the next vote starts here
         return bool(stop)
+
+    def close(self) -> None:
+        """Wait for a vote still under way (the loop has ended): every rank started it."""
+        if self._vote is not None:
+            start = time.perf_counter()
+            work, _, _ = self._vote
+            self._vote = None
+            work.wait()
+            self.seconds += time.perf_counter() - start
 
 
 class Shard(NamedTuple):
@@ -537,3 +572,8 @@ class Suspendable(StepLoop):
             self.protocol.suspend_requested = True  # also on a rank the broker did not reach
             return True
         return False
+
+    def finish(self) -> None:
+        if self.agreement is not None:
+            self.agreement.close()  # no work left under way on the group the job goes on with
+        super().finish()

@@ -98,10 +98,14 @@ class FakeRun:
     def exit(self, code: int | None) -> None:
         self._exit.set_result(code)
 
-    def report(self, step: int, start_step: int = 0) -> None:
+    def report(self, step: int, start_step: int = 0, at: float | None = None,
+               first_step_at: float | None = None) -> None:
+        """A progress report at `at` (now); with `first_step_at`, of a run that trains."""
         atomic_write_json(self.run_dir / PROGRESS_FILE, {
-            "run_id": self.run_id, "step": step, "start_step": start_step, "time": time.time(),
-            "phases": {}}, durable=False)
+            "run_id": self.run_id, "step": step, "start_step": start_step,
+            "time": time.time() if at is None else at,
+            "phases": {} if first_step_at is None else {"first_step": first_step_at}},
+            durable=False)
 
     def acknowledge(self, step: int) -> None:
         atomic_write_json(self.run_dir / ACK_FILE, {

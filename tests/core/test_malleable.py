@@ -37,7 +37,7 @@ def test_an_arrival_shrinks_a_running_job_to_make_room_by_dhondt():
     state.submit(Job(1, 4, True))
     assert settle(state) and counts(state) == {1: 4}
     state.submit(Job(2, 4, True))
-    first, second = settle(state)
+    first, second = settle(state, now=1.0)  # a run is not reshaped the instant it starts
     # Reshape first (job 1 from 4 to 3), then start both on their D'Hondt shares.
     assert first == [Suspend(1, None, "equipartition")]
     assert [(a.job, len(a.gpus), a.role) for a in second] == [
@@ -70,7 +70,7 @@ def test_when_a_job_ends_the_others_grow_back_to_their_optimum():
     settle(state)
     assert counts(state) == {1: 3, 2: 3}
     state.finished(1, JobState.DONE)
-    first, second = settle(state)
+    first, second = settle(state, now=1.0)
     assert first == [Suspend(2, None, "equipartition")]
     assert second == [Start(2, "node0", (0, 1, 2, 3), Role.PRIMARY)]
 
@@ -81,7 +81,7 @@ def test_congestion_gives_every_job_one_gpu_oldest_first_and_suspends_the_rest()
     settle(state)
     for i in range(2, 7):
         state.submit(Job(i, 2, True))
-    settle(state)
+    settle(state, now=1.0)
     # 6 jobs, 4 GPUs: p_min 1 each for the four oldest; jobs 5 and 6 wait.
     assert counts(state) == {1: 1, 2: 1, 3: 1, 4: 1}
     assert state.jobs[5].state is JobState.QUEUED

@@ -69,7 +69,7 @@ def test_null_marks_a_count_the_model_cannot_run_on(tmp_path):
     jobs = [JobSpec(emulate=True, model="never", steps=500)] * 3 + \
         [JobSpec(emulate=True, model="big", steps=500)]
     for name in ("marble", "moldable", "malleable", "elastic", "adaptive", "rigid",
-                 "timeslice"):
+                 "timeslice", "learned"):
         result = Simulator(book, get_policy(name), 4).run(jobs)
         assert all(len(r.gpus) >= 2 for r in result.runs if r.job == 4), name
     null_only = profile(tmp_path, "  m:\n    steps_per_second: [null, null]\n", "n.yaml")

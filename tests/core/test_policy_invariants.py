@@ -27,6 +27,7 @@ from marbled.core.model import (
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.policy.base import dependency_status
 from marbled.core.policy.malleable import GUARD_S
+from marbled.core.policy.spread import shapes
 from marbled.core.profiles import ThroughputCurve
 
 MAX_ITERATIONS = 500
@@ -46,11 +47,20 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw) -> Scenario:
-    sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=3)))
+def scenarios(draw, multi_node: bool = False) -> Scenario:
+    """Random nodes and jobs; `multi_node`: on 2-3 nodes, some jobs ask for several nodes,
+    a fixed count or a range (their demand fits every node, so the most nodes always fit)."""
+    sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=2 if multi_node else 1,
+                                max_size=3)))
     count = draw(st.integers(1, 25))
     jobs = []
     for i in range(1, count + 1):
+        if multi_node and draw(st.integers(0, 2)) == 0:
+            nodes = draw(st.integers(2, len(sizes)))
+            low = draw(st.one_of(st.none(), st.integers(1, nodes - 1)))
+            jobs.append(Job(i, draw(st.integers(1, min(sizes))), draw(st.booleans()),
+                            nodes=nodes, nodes_min=low))
+            continue
         demand = draw(st.integers(1, max(sizes)))
         malleable = draw(st.booleans())
         max_share = draw(st.sampled_from([1, 1, 2, 4])) if malleable else 1
@@ -96,11 +106,14 @@ def check_state(state: State) -> None:
                 assert shared[key] <= 1 + 1e-9, f"GPU {key} shared beyond its whole"
                 assert key not in holders, f"GPU {key} held by {holders[key]} and shared"
                 continue
-            for g in p.gpus:
-                key = (p.node, g)
-                assert key not in holders, f"GPU {key} held by {holders[key]} and {job.id}"
-                assert key not in shared, f"GPU {key} shared and held by {job.id}"
-                holders[key] = job.id
+            for name, gpus in p.parts():  # every node of a multi-node run
+                assert 1 <= len(gpus) == len(set(gpus)) <= state.nodes[name].size
+                assert set(gpus) <= set(state.nodes[name].gpus), f"job {job.id}: {p}"
+                for g in gpus:
+                    key = (name, g)
+                    assert key not in holders, f"GPU {key} held by {holders[key]} and {job.id}"
+                    assert key not in shared, f"GPU {key} shared and held by {job.id}"
+                    holders[key] = job.id
         else:
             assert not job.state.holds_gpus, f"job {job.id} is {job.state} without GPUs"
         if job.resume_on is not None:
@@ -133,8 +146,15 @@ def check_decision(policy: str, state: State, actions: list) -> None:
     fresh = [a.job for a in actions if isinstance(a, Start) and jobs[a.job].waiting]
     # FIFO with head-of-line blocking: the jobs started from the queue are the
     # first eligible ones, in order; none starts while an earlier one waits.
-    # (Time slicing orders the queue by when a job last ran, not by submission.)
-    if policy != "timeslice":
+    # (Time slicing orders the queue by when a job last ran, not by submission; the learned
+    # policy may start a later job, but never past one that later jobs have passed its
+    # bound of times.)
+    if policy == "learned":
+        bound = get_policy(policy).max_overtaken
+        for started in fresh:
+            passed = [i for i in eligible if i < started and state.overtaken(i) >= bound]
+            assert not passed, f"job {started} starts before {passed}, overtaken {bound:g} times"
+    elif policy != "timeslice":
         assert fresh == eligible[: len(fresh)], f"eligible {eligible}, started {fresh}"
 
     for action in actions:
@@ -144,6 +164,9 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     else job.gpus) or job.demand
         assert job.curve is None or job.curve.possible(count), (
             f"job {job.id} put on {count} GPUs, a count its curve rules out: {action}")
+        if job.nodes > 1:
+            check_spread(policy, state, job, action)
+            continue
         match action:
             case Start(node=node_name, gpus=gpus, role=role):
                 node = state.nodes[node_name]
@@ -169,6 +192,11 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                         assert len(gpus) < job.demand
                 elif policy == "timeslice":
                     assert role is Role.PRIMARY and len(gpus) == job.demand
+                elif policy == "learned":  # its demand, or fewer (down to its fewest)
+                    low = job.fewest if job.malleable else job.demand
+                    assert low <= len(gpus) <= job.demand, f"learned: job {job.id} on {gpus}"
+                    assert action.share == 1
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy == "elastic":
                     if job.waiting:  # starts small: one GPU (or the fewest its curve allows),
                         assert len(gpus) == job.fewest  # or a rigid job's count
@@ -228,6 +256,25 @@ def check_decision(policy: str, state: State, actions: list) -> None:
     idle = all(j.placement is None and j.resume_on is None for j in jobs.values())
     if idle and eligible:
         assert fresh, f"nothing runs, job {eligible[0]} is eligible, yet no start: {actions}"
+
+
+def check_spread(policy: str, state: State, job: Job, action) -> None:
+    """A multi-node job starts only fresh, as a primary, on free GPUs of distinct nodes, the
+    same count on each: one of its shapes (its demand x nodes GPUs in all, on a node count
+    of its range), or under rigid a fixed-count auto job on each node's GPUs."""
+    assert isinstance(action, Start) and job.waiting, f"multi-node job {job.id}: {action}"
+    assert action.role is Role.PRIMARY and action.share == 1
+    parts = ((action.node, action.gpus), *action.others)
+    assert len({n for n, _ in parts}) == len(parts), f"a node twice: {parts}"
+    for name, gpus in parts:
+        assert set(gpus) <= set(state.free(name)), f"job {job.id} on taken GPUs: {parts}"
+    if policy == "rigid" and job.malleable and job.nodes_min is None:
+        assert len(parts) == job.nodes
+        assert all(len(g) == state.nodes[n].size for n, g in parts), f"rigid: {parts}"
+        return
+    assert len({len(g) for _, g in parts}) == 1, f"uneven counts: {parts}"
+    assert (len(parts), len(action.gpus)) in shapes(job.demand, job.nodes, job.nodes_min), (
+        f"job {job.id} ({job.demand} x {job.nodes_min}-{job.nodes} nodes) on {parts}")
 
 
 # ---------------------------------------------------------------- the driver
@@ -296,6 +343,13 @@ def check_outcome(state: State) -> None:
 @settings(max_examples=200, deadline=None)
 @given(scenario=scenarios(), data=st.data())
 def test_policy_invariants(policy, scenario, data):
+    check_outcome(drive(policy, scenario, data))
+
+
+@pytest.mark.parametrize("policy", sorted(p for p, c in POLICIES.items() if c.multi_node))
+@settings(max_examples=150, deadline=None)
+@given(scenario=scenarios(multi_node=True), data=st.data())
+def test_policy_invariants_with_multi_node_jobs_and_node_ranges(policy, scenario, data):
     check_outcome(drive(policy, scenario, data))
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from marbled.core.profiles import ThroughputCurve
-from marbled.core.progress import run_progress
+from marbled.core.progress import end_forecast, run_progress
 from marbled.worker import protocol
 from marbled.worker.protocol import PROGRESS_FILE, RATE_WINDOW_S, JobProtocol
 
@@ -67,3 +67,22 @@ def test_reports_name_the_newest_report_a_window_old(tmp_path, monkeypatch):
     assert RATE_WINDOW_S == 1.0
     assert sent[-1] == {"step": 80, "time": 101.75}  # the report 1 s before step 120
     assert all(s["step"] == max(10, (i + 1 - 4) * 10) for i, s in enumerate(sent))
+
+
+def test_a_short_run_is_forecast_by_its_own_steps_before_a_speed_is_measured():
+    # 99 of 100 steps in 0.1 s of training (profile: 7 steps/s on 2 GPUs): due in 1 ms, where
+    # the profile's speed from `now` says 14 s
+    curve = ThroughputCurve("m", [4.0, 7.0])
+    report = _report(99, 1.1, since=(50, 1.05), first_step_at=1.0)
+    assert run_progress(report, 100, 2, 1, curve, now=1.2).finish_at == pytest.approx(
+        1.2 + 1 / 7.0)
+    assert end_forecast(report, 100, 2, 1, curve, now=1.2) == pytest.approx(1.1 + 1 / 980)
+    # one step trained: the curve's speed, from the report (not from `now`)
+    one = _report(1, 1.0, since=None, first_step_at=1.0)
+    assert end_forecast(one, 100, 2, 1, curve, now=5.0) == pytest.approx(1.0 + 99 / 7.0)
+    assert end_forecast(one, 100, 2, 1, None, now=5.0) is None
+    # a measured speed is run_progress's; not training yet: a whole run from now
+    measured = _report(6050, 62.0, since=(6000, 61.0), first_step_at=1.0)
+    assert end_forecast(measured, 10_000, 1, 1, None, 62.5) == pytest.approx(62.0 + 3950 / 50)
+    assert end_forecast({"step": 0, "start_step": 0, "time": 0.5}, 100, 2, 1, curve,
+                        now=3.0) == pytest.approx(3.0 + 100 / 7.0)

@@ -146,6 +146,22 @@ def test_sigtstp_to_the_group_stops_both_ranks_at_one_step_with_one_checkpoint(s
     assert "rank 0" not in (where / "run1-rank1.err").read_text()  # rank 0 alone speaks
 
 
+def test_a_stop_asked_of_one_rank_alone_stops_every_rank_at_the_agreed_step(tmp_path):
+    """SIGTSTP to rank 1 only (a signal that reaches the ranks one by one): its vote, started
+    after one step and waited for after the next, stops rank 0 too, after the same step;
+    rank 0, which was never asked, saves and acknowledges that step."""
+    procs = _launch(tmp_path, 2, [*ARGS, "--loss-log", str(tmp_path / "loss-{rank}.log")],
+                    run_id=1)
+    _wait_progress(tmp_path, 30, procs)
+    os.kill(procs[1].pid, signal.SIGTSTP)
+    _wait(procs, tmp_path, timeout=60)
+    at = read_json(tmp_path / ACK_FILE)["step"]
+    assert 30 <= at < STEPS
+    for rank in (0, 1):
+        assert [s for s, _ in _losses(tmp_path / f"loss-{rank}.log")] == list(range(1, at + 1))
+    assert [p.name for p in (tmp_path / "checkpoint").iterdir()] == [f"ckpt-{at:09d}.pt"]
+
+
 @pytest.mark.parametrize(("before", "world"), [(2, 1), (2, 3), (2, 4), (4, 1)])
 def test_resumed_on_another_rank_count_stays_on_the_uninterrupted_trajectory(
         suspend, reference, tmp_path, before, world):
@@ -259,15 +275,17 @@ def test_linear_scaling_scales_the_learning_rates_by_the_rank_count(tmp_path):
 def test_adaptive_k_keeps_the_check_under_one_percent_and_the_wait_bounded():
     agreement = StopAgreement(group=object())  # no collective is made in this test
 
-    def proposed(step_s: float, took: float, steps: int = 10) -> int:
-        agreement._last, agreement.cost = (0, 0.0), took
-        return agreement._propose(steps, steps * step_s)
+    def proposed(step_s: float, took: float) -> int:
+        agreement.step_s, agreement.cost = step_s, took
+        return agreement._propose()
 
     assert proposed(0.050, 250e-6) == 1  # a 50 ms step: every step costs 0.5%
     assert proposed(0.001, 250e-6) == 25  # a 1 ms step: every 25th
     assert proposed(0.0001, 250e-6) == 250  # 0.1 ms: 250 steps, 25 ms between checks
-    assert proposed(0.010, 0.1) == 25  # a slow check: at most 0.25 s of steps between
-    assert StopAgreement(group=object(), every=5)._propose(10, 1.0) == 5
+    # a slow check: k + 1 steps (to the next vote, then to its stop) within 0.25 s
+    assert proposed(0.010, 0.1) == 24
+    assert proposed(0.2, 0.1) == 1  # a step over 0.125 s: every step, whatever it costs
+    assert StopAgreement(group=object(), every=5)._propose() == 5
     with pytest.raises(ValueError, match="every must be >= 1"):
         StopAgreement(group=object(), every=0)
 

@@ -29,19 +29,15 @@ def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grow
     runs = runs_by_job(daemon)
     assert [r["gpu_count"] for r in runs[1]] == [4]  # alone: its fastest count
     for short in range(2, 7):
-        # On 2 each, as simulated. Here the first three end some 20-40 ms apart (the
-        # simulator: at one instant, and the daemon takes ends within 10 ms as one), so a
-        # short job may start on the 1 GPU the first end frees and grow to 2 at the next:
-        # it ends on 2, from its checkpoint.
-        counts = [r["gpu_count"] for r in runs[short]]
-        assert counts[-1] == 2 and counts == sorted(counts) and len(counts) <= 2, counts
-        for before, after in zip(runs[short], runs[short][1:], strict=False):
-            assert before["end_step"] == after["start_step"]
+        # On 2 each, as simulated, in one run: the first three end some 20-40 ms apart here
+        # (the simulator: at one instant), and the broker waits for the runs its progress
+        # reports say are due, so none starts on the GPU the first end frees to grow later.
+        assert [r["gpu_count"] for r in runs[short]] == [2]
     queued = runs[7]
-    counts = [r["gpu_count"] for r in queued]
-    # Two GPUs beside the last short jobs; grown as they end (a few ms apart here, so it may
-    # grow in steps, where the simulator sees them end together: 2 -> 4).
-    assert counts[0] == 2 and counts[-1] == 4 and counts == sorted(counts), counts
+    # Two GPUs beside the last two short jobs, then 4 once they are done: grown once, not at
+    # each of their ends, and never suspended before it has trained.
+    assert [r["gpu_count"] for r in queued] == [2, 4]
+    assert queued[0]["end_step"] > 0
     assert [r["end_reason"] for r in queued] == ["suspended"] * (len(queued) - 1) + ["done"]
     for before, after in zip(queued, queued[1:], strict=False):
         assert before["end_step"] == after["start_step"] < 3000  # from its checkpoint

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.suspend_resume import gone as _gone
 from marbled import examples
 from marbled.batch.ranks import descendants
 from marbled.worker.protocol import PROGRESS_FILE, read_json
@@ -111,15 +112,6 @@ models:
 def _ranks(workdir: Path, run_id: int) -> list[dict]:
     found = sorted(workdir.glob(f"rank-{run_id}-*.json"))
     return [json.loads(p.read_text()) for p in found]
-
-
-def _gone(pid: int) -> bool:
-    """The process ended (a zombie no one has reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def _job(d, job_id: int) -> dict:

@@ -8,6 +8,7 @@ its name, summary and options from the class.
 from marbled.core.policy.adaptive import AdaptivePolicy
 from marbled.core.policy.base import Option, Policy
 from marbled.core.policy.elastic import ElasticPolicy
+from marbled.core.policy.learned import LearnedPolicy
 from marbled.core.policy.malleable import MalleableEquipartition
 from marbled.core.policy.marble import MarblePolicy
 from marbled.core.policy.moldable import MoldableEquipartition
@@ -15,8 +16,8 @@ from marbled.core.policy.rigid import WholeNodeFifo
 from marbled.core.policy.timeslice import TimeslicePolicy
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
-    AdaptivePolicy, ElasticPolicy, MalleableEquipartition, MarblePolicy, MoldableEquipartition,
-    WholeNodeFifo, TimeslicePolicy)}
+    AdaptivePolicy, ElasticPolicy, LearnedPolicy, MalleableEquipartition, MarblePolicy,
+    MoldableEquipartition, WholeNodeFifo, TimeslicePolicy)}
 
 
 def get_policy(name: str, **settings: float | None) -> Policy:
@@ -38,6 +39,6 @@ def all_options() -> dict[str, tuple[Option, list[str]]]:
     return out
 
 
-__all__ = ["POLICIES", "AdaptivePolicy", "ElasticPolicy", "MalleableEquipartition", "MarblePolicy",
-           "MoldableEquipartition", "Option", "Policy", "TimeslicePolicy", "WholeNodeFifo",
-           "all_options", "get_policy"]
+__all__ = ["POLICIES", "AdaptivePolicy", "ElasticPolicy", "LearnedPolicy",
+           "MalleableEquipartition", "MarblePolicy", "MoldableEquipartition", "Option", "Policy",
+           "TimeslicePolicy", "WholeNodeFifo", "all_options", "get_policy"]

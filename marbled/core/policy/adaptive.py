@@ -53,6 +53,7 @@ from marbled.core.policy.base import (
     role_for,
     settled,
 )
+from marbled.core.policy.spread import first_shape
 from marbled.core.static_plan import StaticJob, search
 
 # The candidates the look-ahead weighs: (bias, whether the critical job -- the one with the
@@ -82,6 +83,8 @@ class Item:
     count: int = 0  # GPUs it runs on now (0: waiting)
     fixed: bool = False  # runs on `count`, not to be moved
     cost: float = 0.0  # seconds a reshape costs it (suspend + start-up)
+    launch: float = 0.0  # seconds its first start costs it (start-up), while it waits
+    nodes_min: int | None = None  # a node range: `low` x `nodes` GPUs on fewer nodes
 
     def speed(self, g: int) -> float:
         return self.speeds[min(g, len(self.speeds)) - 1] if self.speeds else 1.0
@@ -117,16 +120,18 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
             rooms.take(item.home, item.low)
             out[item.id] = [(item.home,), item.low]
             continue
-        if item.nodes > 1:
-            nodes = rooms.first(item.low, item.nodes)
+        low = item.low
+        if item.nodes > 1:  # the fewest nodes of its range that have room
+            nodes, low = first_shape(item.low, item.nodes, item.nodes_min, lambda k, per: (
+                (found, per) if len(found := rooms.first(per, k)) == k else None)) or ([], low)
         else:  # the tightest node that still holds its fastest count, else the roomiest
             node = rooms.tightest(item.low, max(item.low, item.high))
             nodes = [] if node is None else [node]
-        if len(nodes) < item.nodes:
+        if not nodes:
             break  # strict FIFO: the jobs behind it wait too
         for n in nodes:
-            rooms.take(n, item.low)
-        out[item.id] = [tuple(nodes), item.low]
+            rooms.take(n, low)
+        out[item.id] = [tuple(nodes), low]
     by_id = {i.id: i for i in items}
     if critical:
         free = [by_id[i] for i, (nodes, _) in out.items() if len(nodes) == 1
@@ -304,8 +309,8 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
         running = {i: plan[i][1] for i in plan}
         for i, g in running.items():
             item = live[i]
-            if item.count and item.count != g:
-                delay[i] = delay.get(i, 0.0) + item.cost
+            if item.count != g:  # a reshape, or a waiting job's first start
+                delay[i] = delay.get(i, 0.0) + (item.cost if item.count else item.launch)
             live[i] = replace(item, count=g, home=plan[i][0][0] if len(plan[i][0]) == 1
                               else item.home)
         ends = {i: delay.get(i, 0.0) + live[i].work / live[i].speed(g)
@@ -377,6 +382,8 @@ class AdaptivePolicy(Policy):
     def __init__(self, **settings: float | None):
         super().__init__(**settings)
         self._cache: dict[tuple[int, int], tuple] = {}
+        self._ends: dict[str, list[tuple[float, int]]] = {}  # this decision's, by node
+        self._now = 0.0
 
     def choose(self, state: State, now: float) -> list:
         if state.resumable():
@@ -392,17 +399,23 @@ class AdaptivePolicy(Policy):
         # one with more free than it holds.
         most_free = 0 if queued else max(free.values(), default=0)
         first_end, movable, suspending = float("inf"), [], JobState.SUSPENDING
+        ends: dict[str, list[tuple[float, int]]] = {}  # a node's first two ends, (time, job)
         for job in engaged:
             if job.state is suspending:
                 return []  # as above
-            if job.expected_end is not None and job.expected_end < first_end:
-                first_end = job.expected_end
+            if job.expected_end is not None:
+                first_end = min(first_end, job.expected_end)
+                two = ends.setdefault(job.placement.node, [])
+                two.append((job.expected_end, job.id))
+                if len(two) > 2:
+                    two.remove(max(two))
             if (everything or job.placement.node in free or queued and
                     len(job.placement.gpus) > 1 or len(job.placement.gpus) < most_free) \
                     and self._movable(job, now):
                 movable.append(job)
         # a shrink saves each newcomer the wait until some run ends and frees GPUs
         wait = max(first_end - now, 0.0) if first_end < float("inf") else 0.0
+        self._ends, self._now = ends, now
         if everything:
             moving = {j.id for j in movable}
             running = [self._item(j, now, movable=j.id in moving) for j in engaged]
@@ -614,8 +627,17 @@ class AdaptivePolicy(Policy):
         # Shrinking: the newcomers it makes room for gain the wait until GPUs free up, which
         # must exceed what the job loses (its cost included) by the margin times its cost, as
         # a grow's gain must (twice the loss kept jobs on half a node each while newcomers
-        # waited hours: 5-10% behind malleable's average JCT on 2 and 4 nodes).
-        return wait * newcomers > (after - before) + self.reshape_margin * item.cost
+        # waited hours: 5-10% behind malleable's average JCT on 2 and 4 nodes). The job
+        # loses the speed it gives up only until another run on its node ends: it may grow
+        # back then (charging its whole run on fewer GPUs kept a wide job on its GPUs while
+        # newcomers waited an hour: 3-8% behind malleable's average JCT on 2 nodes).
+        slower = after - before - item.cost
+        freed = min((t for t, j in self._ends.get(item.home, ()) if j != item.id),
+                    default=None)
+        if freed is not None:
+            slower = min(slower, max(freed - self._now, 0.0)
+                         * (1 - item.speed(count) / item.speed(item.count)))
+        return wait * newcomers > slower + item.cost + self.reshape_margin * item.cost
 
     # -- jobs as items
 
@@ -647,7 +669,9 @@ class AdaptivePolicy(Policy):
                         job.nodes, job.placement.node, count, not movable, reshape_cost(job))
         work = job.steps_left if job.steps_left is not None else 0.0
         low = high if fixed_size else fewest
-        return Item(job.id, speeds, work, low, high, job.nodes, cost=reshape_cost(job))
+        return Item(job.id, speeds, work, low, high, job.nodes, cost=reshape_cost(job),
+                    launch=(curve.startup_s or 0.0) if curve else 0.0,
+                    nodes_min=job.nodes_min)
 
     @staticmethod
     def _movable(job: Job, now: float) -> bool:

@@ -115,6 +115,9 @@ class Policy:
         if job.placement is not None:
             count = gpus_text(len(job.gpus)) if job.placement.share == 1 else \
                 f"1/{job.placement.share} of 1 GPU"
+            if job.nodes > 1:
+                where = ", ".join(n for n, _ in job.placement.parts())
+                return f"runs as {job.role.value} on {count} of each of {where}"
             which = "its demand" if len(job.gpus) == job.demand else f"its demand is {job.demand}"
             return f"runs as {job.role.value} on {count} of {job.placement.node} ({which})"
         return self.why_waiting(job, state, now)
@@ -139,6 +142,12 @@ class Policy:
         most = max((len(state.free(n)) for n in state.nodes), default=0)
         where = f"{gpus_text(job.demand)} on each of {job.nodes} nodes" if job.nodes > 1 else \
             f"{gpus_text(job.demand)} on one node"
+        if job.nodes_min is not None:
+            from marbled.core.policy.spread import shapes  # it imports this module
+
+            where = " or ".join(f"{gpus_text(per)} on each of {k} nodes" if k > 1 else
+                                f"{gpus_text(per)} on one node"
+                                for k, per in shapes(job.demand, job.nodes, job.nodes_min))
         return f"is next in the FIFO and needs {where}; the most free on a node is {most}"
 
 
@@ -186,8 +195,10 @@ def take_nodes(free: dict[str, list[int]], count: int,
 
 
 def role_for(job: Job, gpus: int, share: int = 1) -> Role:
-    """PRIMARY on the job's whole demand, else SECONDARY."""
-    return Role.PRIMARY if share == 1 and gpus == job.demand else Role.SECONDARY
+    """PRIMARY on the job's whole demand, else SECONDARY; a job on several nodes runs only
+    as a primary (a node range's run on fewer nodes has more GPUs on each)."""
+    return Role.PRIMARY if share == 1 and (gpus == job.demand or job.nodes > 1) \
+        else Role.SECONDARY
 
 
 def resizing(jobs: list[Job]) -> bool:

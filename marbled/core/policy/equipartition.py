@@ -284,15 +284,52 @@ def _by_node(jobs: list[Job], vacant: _Vacant, homes: dict[int, Placement],
         left[node] -= least[job.id]
         heapq.heappush(most, (-left[node], order[node], node))
         on[node].append(job)
+    counts = {}
     for node, mine in on.items():
         mine.sort(key=lambda j: j.id)
-        low, high = [least[j.id] for j in mine], [j.demand for j in mine]
-        seats = vacant.room[node]
-        counts = high if sum(high) <= seats else dhondt(low, high, seats - sum(low),
-                                                        [grow(j) for j in mine])
-        for job, count in zip(mine, counts, strict=True):
+        counts[node] = _shares(mine, vacant.room[node], least)
+    _fill_idle(on, counts, vacant.room, homes, least)
+    for node, mine in on.items():
+        for job, count in zip(mine, counts[node], strict=True):
             vacant.promise_on(job, node, count, homes.get(job.id))
     return vacant.assign()
+
+
+def _shares(mine: list[Job], seats: int, least: dict[int, int]) -> list[int]:
+    """The counts of a node's jobs (in id order) on its `seats` vacant GPUs: p_max each
+    if they fit, else p_min and D'Hondt for the rest."""
+    low, high = [least[j.id] for j in mine], [j.demand for j in mine]
+    return high if sum(high) <= seats else dhondt(low, high, seats - sum(low),
+                                                  [grow(j) for j in mine])
+
+
+def _fill_idle(on: dict[str, list[Job]], counts: dict[str, list[int]], room: dict[str, int],
+               homes: dict[int, Placement], least: dict[int, int]) -> None:
+    """A node given no job while it has vacant GPUs takes the running job that gains most
+    GPUs by moving there from a node it shares: no node idles beside a crowded one (a running
+    job is kept on its node, so two could share one on half each while the next emptied).
+    A job moves only to more GPUs than it would get at home and than it holds now (never to
+    its count on another node), and each node is filled once, so a plan ends."""
+    for node in [n for n, mine in on.items() if not mine and room[n] > 0]:
+        best, gain = None, 0
+        for other, mine in on.items():
+            if len(mine) < 2:
+                continue
+            for job, count in zip(mine, counts[other], strict=True):
+                there = job.fit(min(job.demand, room[node]))
+                home = homes.get(job.id)
+                if home is None or there is None or there < least[job.id] \
+                        or there <= max(count, len(home.gpus)):
+                    continue
+                if there - count > gain:
+                    best, gain = (job, other), there - count
+        if best is None:
+            continue
+        job, other = best
+        on[other].remove(job)
+        on[node].append(job)
+        counts[other] = _shares(on[other], room[other], least)
+        counts[node] = _shares(on[node], room[node], least)
 
 
 def _congested(jobs: list[Job], free: dict[str, dict[int, int]], vacant: _Vacant,

@@ -16,7 +16,11 @@ Choices where the paper leaves room or does not fit a node-level broker:
   multi-node runs keep their GPUs;
 * sticky placement: a running job is placed on its own node and GPUs first,
   and one left there on its count keeps running (the paper's reallocation is
-  "unrestricted"; moving it would cost t_pm for nothing);
+  "unrestricted"; moving it would cost t_pm for nothing); but a node left
+  with no job and vacant GPUs takes a running job that gets more GPUs there
+  from a node it shares (no node idles beside a crowded one);
+* a run is not reshaped at the instant it started (with no cost, plans
+  remade at one instant once a job may change node moved jobs forever);
 * reshape, then start: if the new shares need suspensions, a decision asks for
   those alone, and the starts follow once every suspension is done, on the
   GPUs they left (a start never waits for GPUs someone still holds);
@@ -47,7 +51,8 @@ class MalleableEquipartition(Policy):
         """May this running job be reshaped now?"""
         return (job.state is JobState.RUNNING and job.malleable and job.nodes == 1
                 and job.expected_end is not None
-                and job.expected_end - now > self.preempt_guard)
+                and job.expected_end - now > self.preempt_guard
+                and job.run_started is not None and now > job.run_started)
 
     def choose(self, state: State, now: float) -> list:
         engaged = state.engaged()

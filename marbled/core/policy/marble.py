@@ -44,8 +44,8 @@ from marbled.core.policy.base import (
     reshape_pays,
     settled,
     start_on,
-    take_nodes,
 )
+from marbled.core.policy.spread import take_spread
 
 
 class MarblePolicy(Policy):
@@ -73,7 +73,7 @@ class MarblePolicy(Policy):
 
         # run_multiple_jobs(), lines 14-21.
         for job in fifo_candidates(state, now):
-            parts = take_nodes(free, job.nodes, lambda _node, job=job: job.demand)
+            parts = take_spread(free, job)
             if parts:
                 actions.append(start_on(job, parts, Role.PRIMARY))
             elif job.malleable and job.nodes == 1 and any(free.values()) and \

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from marbled.core.model import Job, Role, State
 from marbled.core.policy.base import Policy, fifo_candidates, start_on, take_nodes
+from marbled.core.policy.spread import take_spread
 
 
 class WholeNodeFifo(Policy):
@@ -24,7 +25,9 @@ class WholeNodeFifo(Policy):
         for job in fifo_candidates(state, now):
             if not free:
                 break  # every GPU is taken: no job behind can start either
-            parts = take_nodes(free, job.nodes, _whole_node(job, size))
+            # a node range keeps its GPUs in all, on the fewest nodes that have them
+            parts = take_spread(free, job) if job.nodes_min else \
+                take_nodes(free, job.nodes, _whole_node(job, size))
             if parts is None:
                 break  # strict FIFO: the head blocks the queue
             actions.append(start_on(job, parts, Role.PRIMARY))
