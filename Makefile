@@ -25,7 +25,7 @@ demo: venv
 test: venv lint
 	-bash tests/debian-packages.sh libslurm-dev
 	PYTHON=$(BIN)/python bash tests/slurm/pyslurm.sh $(VENV)/pyslurm-22.5 >$(VENV)/pyslurm-build.log 2>&1 &
-	$(BIN)/pytest -q $(if $(TIER),-m "$(TIER)")
+	$(BIN)/pytest -q --durations=25 $(if $(TIER),-m "$(TIER)")
 
 lint: venv
 	$(BIN)/ruff check .

@@ -147,3 +147,12 @@ def project(path: Path, data: str) -> Path:
     (path / "train.py").write_text(TRAIN)
     (path / "data.txt").write_text(data + "\n")
     return path
+
+
+def with_multi_node_jobs(arrivals: list, every: int = 5) -> list:
+    """A simulator workload with every `every`-th job on two nodes instead: a range (1-2)
+    and a fixed count by turns, for the policies that place multi-node jobs."""
+    from dataclasses import replace
+
+    return [replace(a, spec=replace(a.spec, nodes=2, nodes_min=1 if i // every % 2 else None))
+            if i % every == every - 1 else a for i, a in enumerate(arrivals)]

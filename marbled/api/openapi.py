@@ -236,7 +236,7 @@ SPEC = {
             "summary": "when each unfinished job should start and end, and the queue with it "
                        "(the simulator from now; `reason` says why not, when it cannot); "
                        "`left_out`: [{id, why}] the jobs it cannot play (no curve, no step "
-                       "count, several nodes) and those waiting for them; a running job "
+                       "count) and those waiting for them; a running job "
                        "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
                        "of the job)",
             "responses": _answer("forecast")}},

@@ -95,9 +95,14 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
         # the plan first: a workload too large for it fails before the simulations
         plan = search_plan(book, arrivals, per_node, nodes, launch_overhead,
                            suspend_overhead) if best_static else None
+        # by default, every policy that can run the workload: a job on several nodes leaves
+        # out those that place single-node jobs only (naming one gives its refusal)
+        several = any(a.spec.nodes > 1 for a in arrivals)
+        names = policies or [n for n in sorted(POLICIES) if POLICIES[n].multi_node or not several]
+        left_out = sorted(set(POLICIES) - set(names)) if not policies else []
         results = [Simulator(book, make_policy(name, settings), per_node, nodes, launch_overhead,
                              suspend_overhead).run(arrivals)
-                   for name in (policies or sorted(POLICIES))]
+                   for name in names]
     except (ProfileError, JobFileError, TraceError, SpecError, PlanError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     if gantt:
@@ -109,13 +114,16 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
         click.echo(f"{len(arrivals)} jobs on {nodes} node(s) x {gpus_text(per_node)}, profile "
                    f"{book.system}, overheads: {costs}")
         click.echo(comparison_table(results))
+        if left_out:
+            click.echo(f"left out: {', '.join(left_out)} (single-node jobs only; the "
+                       "workload has a job on several nodes)")
         if plan:
             click.echo(plan_table(plan, results))
         if gantt:
             click.echo(f"Gantt chart: {gantt}")
 
     output(ctx, as_json, {"nodes": nodes, "gpus_per_node": per_node, "profile": book.system,
-                          "results": [r.summary() for r in results],
+                          "results": [r.summary() for r in results], "left_out": left_out,
                           "gantt": str(gantt) if gantt else None,
                           **({"best_static": plan.summary(results)} if plan else {})}, text)
 

@@ -6,6 +6,10 @@ before the first step (interpreter, framework, restore) and a suspension its
 GPUs held; `launch_s` and `suspend_s`, when given, override every model's.
 Time is virtual: a job set of the paper runs in microseconds, ten
 thousand jobs on 64 nodes in seconds (`benchmarks/simulator_speed.py`).
+
+A job on several nodes (a count, or a range placed by `core/policy/spread.py`) holds its
+GPUs on every node of a run and trains at its curve's speed at its count on each node, as
+the broker forecasts it and an emulated job trains: profiles are per node (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from dataclasses import dataclass, field, replace
 
 from marbled.core.decision import RunawayPolicy, settle
 from marbled.core.learning import LearnedBook, Learning
-from marbled.core.model import Job, JobState, Node, Role, Start, State, Suspend
+from marbled.core.model import Job, JobState, Node, Placement, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
+from marbled.core.policy.spread import shapes
 from marbled.core.profiles import ProfileBook, ThroughputCurve
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
@@ -46,11 +51,16 @@ class SimRun:
     end_step: int
     reason: str  # 'done' or 'suspended'
     share: int = 1  # n > 1: on 1/n of its one GPU
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a multi-node run's further nodes
+
+    def parts(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(node, GPU slots) for every node of the run, the first node first."""
+        return Placement(self.node, self.gpus, self.others).parts()
 
     @property
     def gpu_fraction(self) -> float:
-        """The GPUs it held: a count, or 1/n of one."""
-        return len(self.gpus) / self.share
+        """The GPUs it held on all its nodes: a count, or 1/n of one."""
+        return _held(Placement(self.node, self.gpus, self.others, self.share))
 
 
 @dataclass(frozen=True)
@@ -146,11 +156,20 @@ def lower_bound(book: ProfileBook, arrivals: list[Arrival], gpus_per_node: int,
     over every GPU."""
     longest, gpu_time = 0.0, 0.0
     for a in arrivals:
-        curve = book.lookup(a.spec.model)
-        # (GPUs held, steps/s) of every way it may run: whole GPUs, or a share of one
-        ways = [(a.spec.gpus, curve.throughput(a.spec.gpus))] if a.spec.gpus else [
-            (g, curve.throughput(g)) for g in range(1, gpus_per_node + 1)
-            if curve.possible(g)] + [(1 / n, v) for n, v in curve.shared]
+        curve, spec = book.lookup(a.spec.model), a.spec
+        # (GPUs held, steps/s) of every way it may run: whole GPUs, or a share of one; on
+        # several nodes, at least its count on each of its fewest nodes, at that count's speed
+        if spec.nodes > 1:
+            each = [per for _, per in shapes(spec.gpus, spec.nodes, spec.nodes_min,
+                                             gpus_per_node)] if spec.gpus else \
+                range(1, gpus_per_node + 1)
+            ways = [(per * spec.fewest_nodes, curve.throughput(per)) for per in each
+                    if curve.possible(per)]
+        elif spec.gpus:
+            ways = [(spec.gpus, curve.throughput(spec.gpus))]
+        else:
+            ways = [(g, curve.throughput(g)) for g in range(1, gpus_per_node + 1)
+                    if curve.possible(g)] + [(1 / n, v) for n, v in curve.shared]
         longest = max(longest, a.at + min(a.spec.steps / v for _, v in ways))
         gpu_time += min(held * a.spec.steps / v for held, v in ways)
     start = min((a.at for a in arrivals), default=0.0)
@@ -173,6 +192,11 @@ def _as_run(spec: JobSpec) -> JobSpec:
 
 def _cost(override: float | None, own: float | None) -> float:
     return float(override if override is not None else own or 0.0)
+
+
+def _held(p: Placement) -> float:
+    """The GPUs a run holds on all its nodes: a count, or 1/n of one."""
+    return sum(len(gpus) for _, gpus in p.parts()) / p.share
 
 
 @dataclass
@@ -210,9 +234,18 @@ class Simulator:
         return curve and replace(curve, startup_s=_cost(self.launch_s, curve.startup_s),
                                  suspend_s=_cost(self.suspend_s, curve.suspend_s))
 
-    def _check(self, a: Arrival, where: str, truth: ProfileBook,
-               told: ProfileBook | LearnedBook) -> None:
-        """Refuse, naming the job's place in its file, what the simulator cannot run."""
+    def _job(self, job_id: int, a: Arrival, told: ProfileBook | LearnedBook) -> Job:
+        """The job as the state takes it at its arrival, sized as the daemon sizes it."""
+        sizing = size_job(_as_run(a.spec), told, self.gpus_per_node, self.nodes)
+        return Job(job_id, sizing.demand, sizing.malleable,
+                   tuple(x for x in a.spec.after if isinstance(x, int)), a.spec.nodes,
+                   max_share=sizing.max_share, curve=self._costed(told.lookup(a.spec.model)),
+                   steps_left=float(a.spec.steps), submitted=a.at, nodes_min=a.spec.nodes_min)
+
+    def _check(self, job_id: int, a: Arrival, where: str, truth: ProfileBook,
+               told: ProfileBook | LearnedBook, state: State) -> None:
+        """Refuse, naming the job's place in its file, what the simulator cannot run: what
+        the daemon would refuse at its submission under this policy on these nodes."""
         if a.spec.model is None or a.spec.steps is None:
             raise WorkloadError(where, "model" if a.spec.model is None else "steps",
                                 "the simulator needs a profiled model and a step count "
@@ -220,13 +253,12 @@ class Simulator:
         if truth.lookup(a.spec.model) is None:
             raise WorkloadError(where, "model", f"'{a.spec.model}' is not in profile "
                                 f"'{truth.system}', which has {', '.join(truth.models)}")
-        if a.spec.nodes > 1:
-            raise WorkloadError(where, "nodes", "the simulator models single-node jobs "
-                                                "(profiles have no multi-node curves)")
         try:
-            size_job(_as_run(a.spec), told, self.gpus_per_node)
+            never = self.policy.feasible(self._job(job_id, a, told), state)
         except SpecError as exc:
             raise WorkloadError(where, exc.field, exc.message) from None
+        if never:
+            raise WorkloadError(where, *never)
 
     def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
         arrivals = sorted(
@@ -235,10 +267,10 @@ class Simulator:
         truth = self.truth or self.book
         told = LearnedBook(self.book, self.learning, self.gpus_per_node) if self.learning \
             else self.book
-        for i, a in enumerate(arrivals, start=1):
-            self._check(a, a.where or f"job {i}", truth, told)
         names = [f"node{i}" for i in range(self.nodes)]
         state = State(nodes={n: Node(n, tuple(range(self.gpus_per_node))) for n in names})
+        for i, a in enumerate(arrivals, start=1):
+            self._check(i, a, a.where or f"job {i}", truth, told, state)
         self.runs = []
         done: dict[int, float] = {}  # steps checkpointed so far
         first_start: dict[int, float] = {}
@@ -258,8 +290,10 @@ class Simulator:
             job = state.jobs[job_id]
             self.runs.append(SimRun(job_id, job.placement.node, job.gpus, job.role,
                                     lv.run_start, t, round(lv.start_step), round(at_step),
-                                    reason, job.placement.share))
-            if self.learning and t > lv.progress_from and job.placement.share == 1:
+                                    reason, job.placement.share, job.placement.others))
+            # (the daemon's learner skips multi-node runs too: their speed is no count's)
+            if self.learning and t > lv.progress_from and job.placement.share == 1 \
+                    and job.nodes == 1:
                 model = arrivals[job_id - 1].spec.model
                 told.record(model, "throughput", lv.rate, len(job.gpus))
                 aim = told.target(model, self.gpus_per_node)
@@ -275,12 +309,7 @@ class Simulator:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
                 a = arrivals[next_arrival]
                 next_arrival += 1
-                sizing = size_job(_as_run(a.spec), told, self.gpus_per_node)
-                state.submit(Job(next_arrival, sizing.demand, sizing.malleable,
-                                 tuple(x for x in a.spec.after if isinstance(x, int)),
-                                 max_share=sizing.max_share,
-                                 curve=self._costed(told.lookup(a.spec.model)),
-                                 steps_left=float(a.spec.steps), submitted=a.at))
+                state.submit(self._job(next_arrival, a, told))
                 of_model.setdefault(a.spec.model, []).append(next_arrival)
                 done[next_arrival] = 0.0
             # Ends at one instant are taken together before the policy decides, as the daemon
@@ -289,8 +318,10 @@ class Simulator:
                 if isinstance(action, Start):
                     spec = arrivals[job.id - 1].spec
                     real = self._costed(truth.lookup(spec.model))
+                    # on several nodes: the speed at its count on each (the module's doc)
                     rate = real.throughput(len(action.gpus), action.share)
-                    held = len(action.gpus) / action.share
+                    held = _held(Placement(action.node, action.gpus, action.others,
+                                           action.share))
                     version += 1
                     lv = _Live(t, t + real.startup_s, done[job.id], rate, version,
                                real.suspend_s)
@@ -356,8 +387,7 @@ class Simulator:
                 # The checkpoint holds the last whole step reached before the request.
                 reached = math.floor(lv.steps_at(lv.stop_at - lv.suspend_s))
                 done[who] = float(reached)
-                p = state.jobs[who].placement
-                overhead += lv.suspend_s * len(p.gpus) / p.share
+                overhead += lv.suspend_s * _held(state.jobs[who].placement)
                 end_run(who, "suspended", reached)
                 state.suspended(who, steps_left=arrivals[who - 1].spec.steps - reached)
             together = _next_at(heap, live) == t  # the daemon would see them in one wake

@@ -5,7 +5,7 @@ broker's policy and curves, each with the steps it has left, so the forecast is 
 `marble simulate` would say of the same queue. Running jobs are simulated as if started
 again now (their GPUs may differ from the ones they hold), so it is a forecast, not a
 promise; it is re-made on every request. A job the simulator cannot play (no model or
-step count: a command with a fixed GPU count; a model with no curve yet; several nodes) is
+step count: a command with a fixed GPU count; a model with no curve yet) is
 left out, with why, and so is every job that waits for one left out: the forecast is
 then of the others alone.
 """
@@ -80,6 +80,7 @@ def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: li
     position = {j.id: i for i, j in enumerate(order, start=1)}
     arrivals = [Arrival(0.0, JobSpec(
         emulate=True, model=j.spec.model, steps=max(j.steps_left, 1), gpus=j.spec.gpus,
+        nodes=j.spec.nodes, nodes_min=j.spec.nodes_min,
         after=tuple(position[a] for a in j.after if a in position)), where=f"job {j.id}")
         for j in order]
     fresh = type(policy)(**{o.name: getattr(policy, o.name) for o in policy.options})
@@ -98,7 +99,7 @@ def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: li
 
 def unplayable(jobs: list[Left], book: ProfileBook) -> dict[int, str]:
     """The jobs the simulator cannot play, and why: those it has no model, steps or curve
-    for, those on several nodes, and those that wait for one of them (their start depends
+    for, and those that wait for one of them (their start depends
     on an end no one can forecast)."""
     out: dict[int, str] = {}
     for job in sorted(jobs, key=lambda j: j.id):  # a job waits only for earlier ones
@@ -108,8 +109,6 @@ def unplayable(jobs: list[Left], book: ProfileBook) -> dict[int, str]:
             out[job.id] = "it has no model and step count to simulate"
         elif book.lookup(spec.model) is None:
             out[job.id] = f"model '{spec.model}' has no curve yet"
-        elif spec.nodes > 1:
-            out[job.id] = "the simulator models single-node jobs"
         elif waits is not None:
             out[job.id] = f"it waits for job {waits}, which is left out"
     return out

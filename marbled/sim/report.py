@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from marbled.sim.engine import SimResult
+from marbled.sim.engine import SimResult, SimRun
 
 COLUMNS = (
     ("policy", "policy", "{:<10}"),
@@ -52,6 +53,13 @@ def gpu_rows(runs: list) -> list[tuple[str, int]]:
         first[run.node] = min(first.get(run.node, run.start), run.start)
     return sorted({(r.node, g) for r in runs for g in r.gpus},
                   key=lambda k: (first[k[0]], k[0], k[1]))
+
+
+def per_node(runs: list[SimRun]) -> list[SimRun]:
+    """The runs as bars, one per node of a run (a multi-node run has a bar on every node it
+    held, as `marble report` draws one)."""
+    return [replace(r, node=node, gpus=gpus, others=()) for r in runs
+            for node, gpus in r.parts()]
 
 
 def job_color(job: int) -> tuple:
@@ -109,7 +117,7 @@ def gantt_png(results: list[SimResult], path: Path, max_gpus: int = 48) -> Path:
                              figsize=(11, 1.2 + 0.28 * min(max_gpus, results[0].total_gpus)
                                       * len(results)))
     for ax, result in zip(axes[:, 0], results, strict=True):
-        draw_gantt(ax, result.runs, horizon, max_gpus, labels=len(result.jobs) <= 40)
+        draw_gantt(ax, per_node(result.runs), horizon, max_gpus, labels=len(result.jobs) <= 40)
         ax.axvline(result.lower_bound, color="grey", linestyle="--", linewidth=0.8)
         ax.set_title(f"{result.policy}: makespan {result.makespan:.0f} s, "
                      f"{result.suspensions} suspensions (hatched: secondary; "

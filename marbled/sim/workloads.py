@@ -21,8 +21,8 @@ CSV trace format (UTF-8, see docs/traces.md)::
     30,vgg-16,4800,2,rigid-vgg
 
 * the first non-comment line is the header; it names the columns, in any
-  order: `arrival`, `model` and `steps` are required, `gpus` and `name` may be
-  left out; any other column is an error;
+  order: `arrival`, `model` and `steps` are required, `gpus`, `name` and
+  `nodes` may be left out; any other column is an error;
 * `arrival`: seconds from the start of the trace, a number >= 0; rows must be
   in order of arrival (non-decreasing), an earlier time than the row above is
   an error rather than being sorted silently;
@@ -30,7 +30,9 @@ CSV trace format (UTF-8, see docs/traces.md)::
   number of training steps; every row is an emulated job (`emulate: true`);
 * `gpus`: empty or `auto` for the profile's optimal count (a malleable job), or
   a whole number of GPUs (a rigid job);
-* `name`: optional job name (empty for none).
+* `name`: optional job name (empty for none);
+* `nodes`: empty for 1, a whole number of nodes, or a range `MIN-MAX` (as a job
+  file's `nodes`; `gpus` is then the count on each node).
 
 Each row is checked by `JobSpec.from_mapping`, the same rules as `marble submit`
 and the API; a bad row raises `TraceError` naming file, line and column, e.g.
@@ -52,7 +54,7 @@ from typing import NamedTuple, NoReturn
 from marbled.core.spec import MAX_STEPS, JobSpec, SpecError
 from marbled.resources import read_job_file
 
-COLUMNS = ("arrival", "model", "steps", "gpus", "name")
+COLUMNS = ("arrival", "model", "steps", "gpus", "name", "nodes")
 REQUIRED_COLUMNS = ("arrival", "model", "steps")
 _INT = re.compile(r"[+-]?\d+")
 
@@ -236,6 +238,8 @@ def read_trace(path: str | Path) -> list[Arrival]:
             "steps": _int_or_text(cell["steps"]) if cell["steps"] else None,
             "gpus": "auto" if gpus.lower() in ("", "auto") else _int_or_text(gpus),
             "name": cell.get("name") or None,
+            # a count or 'MIN-MAX': JobSpec reads it as a job file's `nodes`, same errors
+            "nodes": _int_or_text(cell.get("nodes") or "1"),
         }
         try:
             spec = JobSpec.from_mapping(doc)
@@ -251,7 +255,8 @@ def write_trace(path: str | Path, arrivals: Iterable[Arrival], *,
 
     Only emulated jobs with a model and steps and no dependencies fit the format;
     anything else is a ValueError naming the arrival (counted from 1). `comment`,
-    if given, is written first as '#' lines.
+    if given, is written first as '#' lines. The `nodes` column is written only when
+    a job runs on more than one node, so single-node traces read in older versions too.
     """
     lines = []
     previous = 0.0
@@ -267,13 +272,14 @@ def write_trace(path: str | Path, arrivals: Iterable[Arrival], *,
                              f"the arrival before ({previous:g})")
         previous = at
         lines.append([repr(at), s.model, str(s.steps),
-                      "auto" if s.gpus is None else str(s.gpus), s.name or ""])
+                      "auto" if s.gpus is None else str(s.gpus), s.name or "", s.nodes_text])
+    columns = len(COLUMNS) if any(row[-1] != "1" for row in lines) else len(COLUMNS) - 1
     with open(path, "w", newline="", encoding="utf-8") as f:
         for text in (comment or "").splitlines():
             f.write(f"# {text}\n" if text else "#\n")
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(COLUMNS)
-        w.writerows(lines)
+        w.writerow(COLUMNS[:columns])
+        w.writerows(row[:columns] for row in lines)
 
 
 def _rows(f, src: str):
@@ -315,7 +321,8 @@ def trace_from_store(db_path: str | Path) -> StoreTrace:
     that has both a model and steps, in order of submission (submitted_at, then
     job id): `at` is its submitted_at minus the submitted_at of the first such
     job, so the trace starts at 0; gpus is the job's request (NULL = auto) and
-    the name is kept. Jobs of every state count, as they were all submitted.
+    the name and the nodes (a count, or a range from nodes_min) are kept. Jobs of
+    every state count, as they were all submitted.
     Every job is replayed as an emulated job; commands and dependencies (after)
     are not carried over. Jobs without a model or steps cannot be replayed and
     are counted in `skipped`.
@@ -330,8 +337,13 @@ def trace_from_store(db_path: str | Path) -> StoreTrace:
     except sqlite3.Error as exc:
         raise TraceError(f"{src}: cannot open: {exc}", path=src) from None
     try:
+        # stores of older brokers lack nodes (schema 2) or nodes_min (8): one node, no range
+        have = {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
+        node_columns = ", ".join(c if c in have else f"{default} AS {c}"
+                                 for c, default in (("nodes", 1), ("nodes_min", "NULL")))
         rows = con.execute(
-            "SELECT id, name, model, steps, gpus_request, submitted_at FROM jobs "
+            f"SELECT id, name, model, steps, gpus_request, submitted_at, {node_columns} "
+            "FROM jobs "
             "ORDER BY submitted_at, id"
         ).fetchall()
     except sqlite3.Error as exc:
@@ -342,12 +354,13 @@ def trace_from_store(db_path: str | Path) -> StoreTrace:
     arrivals: list[Arrival] = []
     skipped = 0
     first: float | None = None
-    for job_id, name, model, steps, gpus, submitted_at in rows:
+    for job_id, name, model, steps, gpus, submitted_at, nodes, nodes_min in rows:
         if model is None or steps is None:
             skipped += 1
             continue
         doc = {"emulate": True, "model": model, "steps": steps,
-               "gpus": "auto" if gpus is None else gpus, "name": name}
+               "gpus": "auto" if gpus is None else gpus, "name": name,
+               "nodes": nodes if nodes_min is None else f"{nodes_min}-{nodes}"}
         try:
             spec = JobSpec.from_mapping(doc)
         except SpecError as exc:

@@ -167,6 +167,7 @@ async def test_reshape_while_the_process_is_being_started_suspends_it_once_start
         first = h.submit(model="inception-v3", steps=3000, command=["train"])  # 4 of 6 GPUs
         await pump()
         assert first in h.broker.runs.launching
+        await h.clock.advance(1.0)  # malleable reshapes no run at the instant it started
         h.submit(model="inception-v3", steps=3000, command=["train"])  # shares: 3 and 3
         await pump()
         assert h.job(first).state is JobState.SUSPENDING and not h.task.done()  # alive

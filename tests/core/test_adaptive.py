@@ -14,7 +14,7 @@ from marbled.core.policy import get_policy
 from marbled.core.profiles import ThroughputCurve
 from marbled.resources import load_profile
 from marbled.sim.engine import Simulator
-from marbled.sim.workloads import Arrival, JobSpec
+from marbled.sim.workloads import Arrival, JobSpec, poisson
 
 pytestmark = pytest.mark.core
 
@@ -129,3 +129,20 @@ def test_behind_a_long_queue_a_shrink_for_newcomers_is_planned_only_where_it_may
     actions = POLICY.decide(state, now)
     assert any(isinstance(a, Suspend) for a in actions) == shrinks, actions
     assert shrinks or actions == []  # nothing starts: every GPU is taken
+
+
+def test_the_last_end_weighs_only_for_jobs_submitted_together():
+    """While jobs keep arriving, the look-ahead ranks its candidates by completion times
+    alone (the last end of the jobs it knows is not the makespan): `makespan_weight` changes
+    nothing there. The same jobs submitted together still weigh it."""
+    arrivals = poisson(10, 6.0, {"resnet-50": 1, "vgg-16": 1, "alexnet": 1, "inception-v3": 1},
+                       (5_000, 100_000), seed=0)
+    batch = [Arrival(0.0, a.spec) for a in arrivals]
+
+    def run(jobs: list[Arrival], weight: float) -> tuple[float, float]:
+        r = Simulator(BOOK, get_policy("adaptive", makespan_weight=weight), 6, 2, 5.0, 5.0
+                      ).run(jobs)
+        return r.makespan, r.average_jct
+
+    assert run(arrivals, 0.0) == run(arrivals, 4.0)
+    assert run(batch, 4.0)[0] < run(batch, 0.0)[0]

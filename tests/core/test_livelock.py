@@ -14,6 +14,7 @@ from marbled.core.policy import POLICIES, get_policy
 from marbled.resources import load_profile
 from marbled.sim.engine import Simulator
 from marbled.sim.workloads import poisson
+from tests.scenarios import with_multi_node_jobs
 
 BOOK = load_profile("summit-v100")
 MIX = dict.fromkeys(("resnet-50", "inception-v3", "resnet-101", "vgg-16"), 1.0)
@@ -27,6 +28,8 @@ EIGHT_NODES = {"n": 50, "rate": 300.0, "steps": (100, 500), "seed": 158252, "nod
 def simulate(policy: str, n: int, rate: float, steps: tuple[int, int], seed: int, nodes: int,
              gpus: int, rigid: float = 0.0):
     arrivals = poisson(n, rate, MIX, steps, seed, rigid, max_gpus=gpus)
+    if nodes > 1 and POLICIES[policy].multi_node:  # with jobs on two nodes too
+        arrivals = with_multi_node_jobs(arrivals, every=3)
     sim = Simulator(BOOK, get_policy(policy), gpus, nodes, launch_s=0.0, suspend_s=0.0)
     return sim.run(arrivals), arrivals
 

@@ -19,8 +19,8 @@ def small(i: int, max_share: int = 4, demand: int = 2) -> Job:
     return Job(i, demand, True, max_share=max_share)
 
 
-def decide(state: State, policy: str = "moldable") -> list:
-    return get_policy(policy).decide(state)
+def decide(state: State, policy: str = "moldable", now: float = 0.0) -> list:
+    return get_policy(policy).decide(state, now)
 
 
 def placed(actions) -> dict[int, tuple]:
@@ -131,7 +131,7 @@ def test_malleable_gives_a_shared_job_the_whole_gpu_when_its_partner_ends():
         state.expect(a.job, 1000.0)
     assert {j.placement.share for j in state.jobs.values()} == {2}
     state.finished(1, JobState.DONE)
-    (suspend,) = decide(state, "malleable")
+    (suspend,) = decide(state, "malleable", now=1.0)  # a run is not reshaped at its start instant
     state.apply(suspend)
     state.suspended(2)
     assert placed(decide(state, "malleable")) == {2: ("node0", (0,), 1)}

@@ -10,12 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from marbled.cli.client_cmd import main as marble
+from marbled.core.model import JobState, Role, Start, Suspend
 from marbled.core.policy import POLICIES, get_policy
+from marbled.core.policy.base import Policy
 from marbled.core.spec import JobSpec
 from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
-from marbled.sim.report import gpu_rows
+from marbled.sim.report import gpu_rows, per_node
 from marbled.sim.workloads import Arrival, from_job_file, poisson
+from tests.scenarios import with_multi_node_jobs
 
 BOOK = load_profile("summit-v100")
 JOBSET3 = from_job_file(workload_path("paper-jobset3"))
@@ -122,6 +125,8 @@ def test_unprofiled_job_is_refused_by_the_simulator():
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_trains_every_step_once_and_never_shares_a_gpu(policy):
     arrivals = poisson(150, 300.0, MIX, (500, 5000), seed=5)
+    if POLICIES[policy].multi_node:  # and jobs on two nodes, a fixed count or a range 1-2
+        arrivals = with_multi_node_jobs(arrivals)
     r = simulate(policy, arrivals, nodes=2, launch_s=3.0, suspend_s=1.0)
     for job_id, stats in r.jobs.items():
         runs = sorted((run for run in r.runs if run.job == job_id), key=lambda run: run.start)
@@ -129,7 +134,11 @@ def test_every_policy_trains_every_step_once_and_never_shares_a_gpu(policy):
         assert runs[-1].reason == "done" and all(x.reason == "suspended" for x in runs[:-1])
         for a, b in itertools.pairwise(runs):
             assert a.end <= b.start and a.end_step == b.start_step
-    held = sorted((run.start, run.end, run.node, g) for run in r.runs for g in run.gpus)
+    several = [run for run in r.runs if len(run.parts()) > 1]
+    assert bool(several) == POLICIES[policy].multi_node
+    assert all(len({len(gpus) for _, gpus in run.parts()}) == 1 for run in several)
+    held = sorted((run.start, run.end, node, g) for run in r.runs
+                  for node, gpus in run.parts() for g in gpus)
     last_end: dict[tuple[str, int], float] = {}
     for start, end, node, g in held:
         assert last_end.get((node, g), 0.0) <= start + 1e-9, f"{node} GPU {g} held twice"
@@ -167,3 +176,99 @@ def test_each_models_own_costs_change_the_schedule():
     assert len(dear_runs) == 1, dear_runs  # never moved: a move would cost more than it saves
     cheap_result = Simulator(book(0.0), get_policy("adaptive"), 6).run(jobs)
     assert len([r for r in cheap_result.runs if r.job == 2]) > 1  # grows when that is free
+
+
+# Two nodes of 2 GPUs, one model at 1 step/s on 1 GPU and 2 on 2: a job on several nodes
+# trains at its curve's speed at its count on each node (the broker's forecast, an emulated
+# job's pace), and holds its GPUs on every node.
+TWO_BY_TWO = "system: two-by-two\ngpus_per_node: 2\nmodels:\n  m: {steps_per_second: [1.0, 2.0]}\n"
+MULTI_NODE_JOBS = """jobs:
+  - {model: m, steps: 100, gpus: 1, nodes: 2, emulate: true}
+  - {model: m, steps: 200, gpus: 1, nodes: "1-2", emulate: true}
+  - {model: m, steps: 200, gpus: 2, emulate: true}
+"""
+
+
+@pytest.mark.parametrize("policy", sorted(p for p in POLICIES if POLICIES[p].multi_node))
+def test_simulate_runs_a_fixed_two_node_job_and_a_range_job(tmp_path, policy):
+    """Job 1 takes 1 GPU of each node (100 steps at 1/s: 0-100 s); the range job finds no
+    node with 2 free, so it spreads, 1 + 1 (200 at 1/s: 0-200 s); job 3 needs both GPUs of
+    one node: 200-300 s at 2/s."""
+    (tmp_path / "p.yaml").write_text(TWO_BY_TWO)
+    (tmp_path / "jobs.yaml").write_text(MULTI_NODE_JOBS)
+    args = ["simulate", "--profile", str(tmp_path / "p.yaml"), "--workload",
+            str(tmp_path / "jobs.yaml"), "--nodes", "2"]
+    out = CliRunner().invoke(marble, [*args, "--policy", policy, "--json", "--gantt",
+                                      str(tmp_path / "g.png")])
+    assert out.exit_code == 0, out.output
+    (result,) = json.loads(out.output)["results"]
+    assert result["makespan_s"] == pytest.approx(300.0)
+    assert result["average_jct_s"] == pytest.approx((100 + 200 + 300) / 3)
+    assert result["average_wait_s"] == pytest.approx(200 / 3)
+    assert result["utilization"] == pytest.approx((2 * 100 + 2 * 200 + 2 * 100) / (4 * 300))
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+    book = load_profile(tmp_path / "p.yaml")
+    r = Simulator(book, get_policy(policy), 2, 2).run(from_job_file(tmp_path / "jobs.yaml"))
+    runs = {run.job: run for run in r.runs}
+    assert [(runs[j].start, runs[j].end) for j in (1, 2, 3)] == [(0, 100), (0, 200),
+                                                                 (200, 300)]
+    assert [len(runs[j].parts()) for j in (1, 2, 3)] == [2, 2, 1]
+    # every node of a run is a row of the Gantt chart, not its first node alone
+    assert gpu_rows(per_node(r.runs)) == [(n, g) for n in ("node0", "node1") for g in (0, 1)]
+    # by default, the policies that place multi-node jobs, and the others named as left out
+    out = CliRunner().invoke(marble, args)
+    assert out.exit_code == 0, out.output
+    assert "left out: elastic, learned, malleable, moldable, timeslice (single-node jobs " \
+           "only" in out.output
+
+
+def test_a_single_node_policy_refuses_a_multi_node_job_naming_it_and_the_policies_that_can(
+        tmp_path):
+    (tmp_path / "p.yaml").write_text(TWO_BY_TWO)
+    (tmp_path / "jobs.yaml").write_text(MULTI_NODE_JOBS)
+    out = CliRunner().invoke(marble, ["simulate", "--profile", str(tmp_path / "p.yaml"),
+                                      "--workload", str(tmp_path / "jobs.yaml"), "--nodes", "2",
+                                      "--policy", "moldable"])
+    assert out.exit_code == 1
+    assert "jobs.yaml:2: nodes: policy moldable runs single-node jobs only; use --policy " \
+           "adaptive, marble or rigid" in out.output
+    out = CliRunner().invoke(marble, ["simulate", "--profile", str(tmp_path / "p.yaml"),
+                                      "--workload", str(tmp_path / "jobs.yaml")])
+    assert out.exit_code == 1  # on one node (--nodes left out), the daemon's refusal
+    assert "jobs.yaml:2: nodes: asks for 2 nodes but there are 1" in out.output
+
+
+class SpreadThenOne(Policy):
+    """Runs job 1 on 1 GPU of each node, suspends it at t = 50 and resumes it on 2 GPUs of
+    node1: a range job's next run on another node set (as after `marble suspend`)."""
+
+    name, summary, multi_node = "spread-then-one", "a test's script", True
+
+    def choose(self, state, now):
+        job = state.jobs[1]
+        if job.state is JobState.QUEUED:
+            return [Start(1, "node0", (0,), Role.PRIMARY, (("node1", (1,)),))]
+        if job.state is JobState.RUNNING and job.suspensions == 0 and now >= 50:
+            return [Suspend(1, None, "move")]
+        if job.state is JobState.SUSPENDED:
+            return [Start(1, "node1", (0, 1), Role.PRIMARY)]
+        return []
+
+    def next_decision(self, state, now):
+        return 50.0 if now < 50 else None
+
+
+def test_a_range_job_resumes_on_another_node_set_from_its_checkpoint(tmp_path):
+    (tmp_path / "p.yaml").write_text(TWO_BY_TWO)
+    spec = JobSpec(emulate=True, model="m", steps=200, gpus=1, nodes=2, nodes_min=1)
+    r = Simulator(load_profile(tmp_path / "p.yaml"), SpreadThenOne(), 2, 2,
+                  suspend_s=10.0).run([spec])
+    first, second = r.runs
+    # 50 steps at 1/s, then the checkpoint holds both nodes' GPUs 10 s more
+    assert (first.start, first.end, first.end_step, first.reason) == (0, 60, 50, "suspended")
+    assert first.parts() == (("node0", (0,)), ("node1", (1,)))
+    # the 150 steps left at 2/s on both GPUs of node1
+    assert (second.start, second.end, second.start_step) == (60, 135, 50)
+    assert second.parts() == (("node1", (0, 1)),)
+    assert r.overhead_gpu_seconds == pytest.approx(10.0 * 2)
+    assert r.busy_gpu_seconds == pytest.approx(2 * 60 + 2 * 75)

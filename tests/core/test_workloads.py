@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import statistics
 from collections import Counter
 
 import pytest
+from click.testing import CliRunner
 
-from marbled.core.spec import JobSpec
-from marbled.resources import load_job_file, workload_path
+from marbled.cli.client_cmd import main as marble
+from marbled.core.policy import get_policy
+from marbled.core.spec import NODES_HELP, JobSpec
+from marbled.resources import load_job_file, load_profile, workload_path
+from marbled.sim.engine import Simulator
 from marbled.sim.workloads import (
     Arrival,
     StoreTrace,
@@ -20,6 +26,7 @@ from marbled.sim.workloads import (
     write_trace,
 )
 from marbled.store.db import JobRow, Store
+from tests.core.test_simulator import MULTI_NODE_JOBS, TWO_BY_TWO
 
 # ---------------------------------------------------------------- paper job sets
 
@@ -244,6 +251,24 @@ def test_bad_rows_name_file_line_and_field(tmp_path, rows, line, field, words):
     assert (err.line, err.field) == (line, field)
 
 
+@pytest.mark.parametrize(("cell", "message"), [
+    ("0", NODES_HELP), ("two", NODES_HELP), ("1.5", NODES_HELP), ("1-", NODES_HELP),
+    ("10001", NODES_HELP),
+    ("3-1", "the range 3-1 runs backwards; write the fewest nodes first: 1-3"),
+])
+def test_a_bad_nodes_cell_gets_the_job_file_message_and_its_line(tmp_path, cell, message):
+    err = trace_error(tmp_path, "arrival,model,steps,gpus,name,nodes\n"
+                      "0,resnet-50,100,,,2\n" f"1,resnet-50,100,2,,{cell}\n")
+    assert str(err) == f"{tmp_path / 'trace.csv'}:3: nodes: {message}"
+    assert (err.line, err.field) == (3, "nodes")
+
+
+def test_nodes_column_counts_ranges_and_empty_cells(tmp_path):
+    (tmp_path / "t.csv").write_text("nodes,arrival,model,steps\n 2 ,0,m,1\n1-3,0,m,1\n,1,m,1\n")
+    assert [(a.spec.nodes_min, a.spec.nodes) for a in read_trace(tmp_path / "t.csv")] == [
+        (None, 2), (1, 3), (None, 1)]
+
+
 def test_bad_steps_message_is_the_api_message(tmp_path):
     err = trace_error(tmp_path, "# comment\n" + HEADER + OK * 4 + "9,resnet-50,-3,,\n")
     assert str(err) == (f"{tmp_path / 'trace.csv'}:7: steps: must be a whole number "
@@ -284,10 +309,11 @@ def test_write_trace_refuses_what_the_format_cannot_hold(tmp_path):
 
 
 def job(id: int, submitted_at: float, model: str | None = R50, steps: int | None = 100,
-        gpus: int | None = None, name: str | None = None, state: str = "done") -> JobRow:
+        gpus: int | None = None, name: str | None = None, state: str = "done",
+        nodes: int = 1, nodes_min: int | None = None) -> JobRow:
     return JobRow(
         id=id, name=name, model=model, steps=steps, gpus_request=gpus,
-        demand=gpus or 3, malleable=gpus is None,
+        demand=gpus or 3, malleable=gpus is None, nodes=nodes, nodes_min=nodes_min,
         command=[] if model and steps else ["python", "x.py"],
         emulate=bool(model and steps), after=[], state=state, step=0, suspensions=0,
         submitted_at=submitted_at,
@@ -320,9 +346,50 @@ def test_trace_from_store(tmp_path):
         Arrival(30.0, JobSpec(emulate=True, model=R101, steps=2000)),
         Arrival(30.25, JobSpec(emulate=True, model=VGG, steps=4800, gpus=2)),
     ]
-    # and it writes as a trace that reads back the same
+    # and it writes as a trace that reads back the same, in the format of single-node traces
     write_trace(tmp_path / "t.csv", arrivals)
     assert read_trace(tmp_path / "t.csv") == arrivals
+    assert (tmp_path / "t.csv").read_text().splitlines()[0] == "arrival,model,steps,gpus,name"
+
+
+def test_a_store_trace_keeps_multi_node_jobs_for_simulate(tmp_path):
+    """The store of a broker that ran the jobs of MULTI_NODE_JOBS (one on 2 nodes, one on
+    1-2): `marble trace` then `marble simulate` replays them as the job file does."""
+    store = Store(tmp_path / "marble.db")
+    with store.tx() as s:
+        s.add_all([job(1, 50.0, "m", 100, gpus=1, nodes=2),
+                   job(2, 50.0, "m", 200, gpus=1, nodes=2, nodes_min=1),
+                   job(3, 50.0, "m", 200, gpus=2)])
+    store.close()
+    csv = tmp_path / "t.csv"
+    out = CliRunner().invoke(marble, ["trace", str(tmp_path / "marble.db"), "-o", str(csv)])
+    assert out.exit_code == 0, out.output
+    assert csv.read_text().splitlines()[1:] == [
+        "arrival,model,steps,gpus,name,nodes", "0.0,m,100,1,,2", "0.0,m,200,1,,1-2",
+        "0.0,m,200,2,,1"]
+    (tmp_path / "p.yaml").write_text(TWO_BY_TWO)
+    (tmp_path / "jobs.yaml").write_text(MULTI_NODE_JOBS)
+    arrivals = read_trace(csv)
+    assert [a.spec for a in arrivals] == [a.spec for a in from_job_file(tmp_path / "jobs.yaml")]
+    r = Simulator(load_profile(tmp_path / "p.yaml"), get_policy("marble"), 2, 2).run(arrivals)
+    assert {run.job: len(run.parts()) for run in r.runs} == {1: 2, 2: 2, 3: 1}
+    out = CliRunner().invoke(marble, ["simulate", "--profile", str(tmp_path / "p.yaml"),
+                                      "--workload", str(csv), "--nodes", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    results = json.loads(out.output)["results"]
+    assert {x["policy"] for x in results} == {"adaptive", "marble", "rigid"}
+    assert all(x["makespan_s"] == pytest.approx(300.0) for x in results)
+
+
+def test_a_trace_from_an_older_store_without_node_ranges(tmp_path):
+    store = Store(tmp_path / "marble.db")
+    with store.tx() as s:
+        s.add(job(1, 100.0, nodes=3))
+    store.close()
+    with sqlite3.connect(tmp_path / "marble.db") as con:  # as a broker of schema 7 left it
+        con.execute("ALTER TABLE jobs DROP COLUMN nodes_min")
+    (arrival,), _ = trace_from_store(tmp_path / "marble.db")
+    assert (arrival.spec.nodes_min, arrival.spec.nodes) == (None, 3)
 
 
 def test_trace_from_store_does_not_write(tmp_path):

@@ -16,7 +16,9 @@ marbled's own policy, for a centre that does not know its load in advance.
   already known (their curves, the work they have left, the cost of each
   reshape), and the decision takes the candidate with the least product of its
   total of completion times and its last end (to the power `makespan_weight`),
-  each relative to the best any candidate reaches. With more jobs, every job gets
+  each relative to the best any candidate reaches; while jobs keep arriving (one
+  came after a run had started), by the completion times alone: the last end of
+  the jobs known is not the makespan then. With more jobs, every job gets
   one GPU or few, and the bias hardly matters: the plan uses bias 1. With at most
   `PLAN_JOBS`, the best static plan of the jobs in the system (a count each, FIFO:
   what a user could pick by hand, `marbled.core.static_plan`, searched with a small
@@ -373,7 +375,8 @@ class AdaptivePolicy(Policy):
         Option("reshape_margin", 1.0, "a running job is reshaped only if that saves more "
                                       "than 1 + this times its suspend-and-resume cost"),
         Option("makespan_weight", 1.0, "how much the look-ahead weighs the end of the last "
-                                       "job against the mean completion time"),
+                                       "job against the mean completion time (0 while jobs "
+                                       "keep arriving)"),
     )
     multi_node = True
     reshape_margin: float
@@ -438,8 +441,8 @@ class AdaptivePolicy(Policy):
             item = self._item(job, now)
             spare -= item.low * item.nodes
             waiting.append(item)
-        candidate, counts = self._candidate(running, waiting, room) if everything else \
-            ((1.0, False), None)
+        candidate, counts = self._candidate(running, waiting, room, _open(state, engaged, now)) \
+            if everything else ((1.0, False), None)
         if counts:  # a static plan won the look-ahead: the GPUs each job may get now
             running, waiting = _bounded(running, counts), _bounded(waiting, counts)
         as_now = running  # the next decision sees every job that is not moved as now
@@ -532,9 +535,12 @@ class AdaptivePolicy(Policy):
     # -- the plan
 
     def _candidate(self, running: list[Item], waiting: list[Item], room: dict[str, int],
+                   arriving: bool = False,
                    ) -> tuple[tuple[float, bool], dict[int, tuple[int, int]] | None]:
         """The candidate whose future looks best (bias 1 when many jobs are in the system),
-        and, if a static plan's won, the GPUs it gives each job now: {id: (fewest, most)}."""
+        and, if a static plan's won, the GPUs it gives each job now: {id: (fewest, most)}.
+        While jobs keep `arriving`, the last end of the jobs known is not the makespan (the
+        next arrivals run after it): the future is judged by the completion times alone."""
         n = len(running) + len(waiting)
         if not n or n > LOOKAHEAD_JOBS:
             return (1.0, False), None
@@ -582,7 +588,7 @@ class AdaptivePolicy(Policy):
         def score(key) -> tuple[bool, float, float]:
             t, end = outcomes[key]
             return bool(better) and key not in better, \
-                (t / total) * (end / last) ** self.makespan_weight, t
+                (t / total) * (end / last) ** (0.0 if arriving else self.makespan_weight), t
 
         c, _, bounds, *_ = min(outcomes, key=score)
         return c, dict(bounds) if bounds else None
@@ -680,6 +686,18 @@ class AdaptivePolicy(Policy):
                 and job.curve is not None and job.placement.share == 1
                 and job.expected_end is not None
                 and job.expected_end - now > reshape_cost(job) and settled(job, now))
+
+
+def _open(state: State, engaged: list[Job], now: float) -> bool:
+    """Do jobs arrive while others run: was a job in the system submitted after one that
+    still runs had started and run past its start-up? A batch submitted at once (a paper
+    job set, or jobs given one by one faster than a start-up) is not."""
+    started = min((j.run_started + reshape_cost(j) for j in engaged
+                   if j.run_started is not None), default=None)
+    if started is None:
+        return False
+    return any(j.submitted is not None and j.submitted > started
+               for j in [*engaged, *islice(fifo_candidates(state, now), LOOKAHEAD_JOBS)])
 
 
 def _why(item: Item, count: int) -> str:
