@@ -114,6 +114,9 @@ class Probe:
     def next_decision(self, state, now):
         return self.policy.next_decision(state, now)
 
+    def feasible(self, job, state):  # the simulator checks each job against the policy
+        return self.policy.feasible(job, state)
+
 
 def time_decisions(policy, states: list[tuple[State, float]],
                    samples: int) -> tuple[list[float], list[float]]:

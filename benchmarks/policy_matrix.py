@@ -297,6 +297,9 @@ class Timed:
     def next_decision(self, state, now):
         return self.policy.next_decision(state, now)
 
+    def feasible(self, job, state):  # the simulator checks each job against the policy
+        return self.policy.feasible(job, state)
+
 
 def decisions(args) -> None:
     """Median time of one decision with a long queue: all jobs arrive at t = 0, so every

@@ -74,7 +74,10 @@ def test_figure5_through_real_job_steps(daemon_factory, allocate):
     assert len({p["step"] for p in placed.values()}) == len(all_runs)  # one step per run
     assert all(p["node"] == "n1" for p in placed.values())
     acks = d.query("SELECT data FROM events WHERE kind = 'acknowledged'")
-    assert len(acks) == 2  # the two suspensions reached the jobs (scancel --signal=TSTP)
+    # every suspension reached its job (scancel --signal=TSTP): Inception-v3's, and VGG-16's
+    # where it did not end within the broker's wait for due runs (coalesce_max_s)
+    suspended = [r for r in all_runs if r["end_reason"] == "suspended"]
+    assert len(acks) == len(suspended) >= 1
 
 
 def test_two_node_allocation_runs_jobs_on_both_nodes(daemon_factory, allocate):
