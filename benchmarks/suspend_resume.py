@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import statistics
 import sys
@@ -99,8 +100,9 @@ def standby_ranks(job_dir: Path) -> dict[int, int]:
     found = {}
     for entry in os.listdir("/proc"):
         go = Path(process_environ(entry).get(STANDBY_VAR, "/"))
-        if go.parent == job_dir and go.name.startswith("go-rank-") and not gone(int(entry)):
-            found[int(entry)] = int(go.name.removeprefix("go-rank-").removesuffix(".json"))
+        rank = re.fullmatch(r"go-\d+-rank-(\d+)\.json", go.name)
+        if go.parent == job_dir and rank and not gone(int(entry)):
+            found[int(entry)] = int(rank[1])
     return found
 
 

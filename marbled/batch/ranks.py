@@ -215,22 +215,24 @@ class _Ranks:
         return proc
 
 
-def rank_go_file(go_file: Path, rank: int) -> Path:
-    """Where prestarted rank `rank` of a per-GPU run waits for its part of the run's go."""
-    return go_file.with_name(f"go-rank-{rank}.json")
+def rank_go_file(go_file: Path, rank: int, standby: int) -> Path:
+    """Where prestarted rank `rank` of a per-GPU run waits for its part of the run's go.
+    Named by the standby's process (`standby`, its pid): a cancelled rank still importing
+    must read its own cancel, never the next standby's go."""
+    return go_file.with_name(f"go-{standby}-rank-{rank}.json")
 
 
-def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list]:
+def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list, list[Path]]:
     """A prestarted per-GPU run: start `count` ranks waiting in ready(), wait for the broker's
     go, and give each rank of the run its variables; (the run's rank variables, the ranks
-    told to exit).
+    told to exit, the ranks' go files).
 
     The go names the run's nodes and GPUs, so the world size, the rendezvous and each rank's
     GPUs are known only now. Rank r of the run is the rank started r-th: a go with fewer
     ranks cancels the rest (they exit at once), one with more starts the missing ranks now,
     cold, as it does a rank that died while it waited."""
     go_file = Path(os.environ.pop(STANDBY_VAR))
-    files = [rank_go_file(go_file, rank) for rank in range(count)]
+    files = [rank_go_file(go_file, rank, os.getpid()) for rank in range(count)]
     waiting = []
     for rank, file in enumerate(files):
         file.unlink(missing_ok=True)
@@ -239,6 +241,7 @@ def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list]:
     go = wait_for_go(go_file, int(broker) if broker.isdigit() else None)
     if go is None:  # dropped, or no broker: no waiting rank may outlive the standby
         _kill_all_but_me(run.ranks)
+        _remove(files)
         sys.exit(0)
     parts = tuple((node, tuple(devices)) for node, devices in go.pop("parts"))
     os.environ.update({k: str(v) for k, v in go.items()})  # the run's, for the ranks started now
@@ -253,7 +256,12 @@ def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list]:
     for rank in range(len(envs), count):
         atomic_write_json(files[rank], {"cancel": True}, durable=False)
         run.ranks.pop(waiting[rank].pid, None)
-    return envs, waiting[len(envs):]
+    return envs, waiting[len(envs):], files
+
+
+def _remove(files: list[Path]) -> None:
+    for file in files:
+        file.unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> None:
@@ -265,9 +273,9 @@ def main(argv: list[str]) -> None:
     # The ranks get the group's SIGTERM (and SIGINT, SIGHUP) too: stay to see them end.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: None)
-    run, cancelled = _Ranks(command), []
+    run, cancelled, files = _Ranks(command), [], []
     if isinstance(spec, int):
-        envs, cancelled = _prestarted(spec, run)
+        envs, cancelled, files = _prestarted(spec, run)
     else:
         envs = spec
         for rank, extra in enumerate(envs):  # rank 0 first
@@ -292,6 +300,7 @@ def main(argv: list[str]) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
         proc.kill()
+    _remove(files)  # each rank has read its part by now, or is gone
     for relay in run.relays:  # a rank's own child may hold its pipe open: do not wait for it
         relay.join(timeout=1.0)
     if failed is None:
