@@ -13,8 +13,22 @@ runs the queue to its end. Then, from the step logs and the broker's database:
     train (`run_chain`);
   * no run is left open, and PRAGMA integrity_check is ok.
 
+With --plain N it runs N plain commands instead (`sh -c 'echo start; sleep 0.3; echo end'`,
+no worker protocol, each appending a line to its own file when it completes), --kills
+kills spread over them, and prints how many completed twice (I2 of docs/lifecycle.md: a
+command completes at most once), how many never did, and the records that are not
+done or not true to the exit.
+
     .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
         [--time-scale 0.2] [--max-gap 0.8]
+    .venv/bin/python benchmarks/fault_injection.py --plain 300 --kills 10 --seed 1 2
+    .venv/bin/python benchmarks/fault_injection.py --disk-full 5 --plain 60 --seed 1 2
+
+With --disk-full N (as root) the state directory is a small tmpfs that is filled N times
+while the job sets and the --plain commands run (I4: the broker stays up, answers 503, and
+recovers by itself): it prints the fills, the 503s, the broker's deaths, the time from a
+freed disk to an accepted submission, plain commands completed twice, the GPU-seconds a
+run was recorded running more than 1 s after its command exited, and the job sets' checks.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marbled.cli.client import BrokerClient
+from marbled.cli.client import ApiError, BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
 from marbled.resources import load_job_file, workload_path
@@ -98,18 +112,23 @@ def chaos(state: Path, kills: int, seed: int = 0, time_scale: float = 0.02,
         result.kills += 1
         proc, took = start(state, time_scale)
         result.restarts.append(took)
-    client = BrokerClient(socket_path(state))
+    finish(state, proc, result.violations, "the last kill")
+    result.seconds = time.monotonic() - t0
+    check(state, jobs, logs, result)
+    return result
+
+
+def finish(state: Path, proc: subprocess.Popen, violations: list[str], since: str) -> None:
+    """Wait until every job has ended (at most 600 s, else a violation), then stop the
+    broker."""
     deadline = time.monotonic() + 600
-    while any(j["state"] not in FINAL for j in client.get("/v1/jobs")["jobs"]):
+    while unfinished(state):
         if time.monotonic() > deadline:
-            result.violations.append("jobs not finished 600 s after the last kill")
+            violations.append(f"jobs not finished 600 s after {since}")
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
-    result.seconds = time.monotonic() - t0
-    check(state, jobs, logs, result)
-    return result
 
 
 def check(state: Path, jobs: list[dict], logs: Path, result: ChaosResult) -> None:
@@ -155,6 +174,164 @@ def check(state: Path, jobs: list[dict], logs: Path, result: ChaosResult) -> Non
     con.close()
 
 
+@dataclass
+class PlainResult:
+    kills: int = 0
+    adopted: int = 0  # runs a new broker adopted (alive or ended)
+    completed_twice: int = 0  # jobs whose command ran to its end more than once
+    never_completed: int = 0
+    runs: int = 0
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def plain_workload(marks: Path, n: int, sleep: float = 0.3) -> list[dict]:
+    """`n` plain commands; each appends a line to its own file in `marks` as it completes."""
+    return [{"name": f"plain{i}", "gpus": 1, "command": [
+        "sh", "-c", f"echo start; sleep {sleep}; echo end; echo done >> {marks}/{i}.done"]}
+        for i in range(1, n + 1)]
+
+
+def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
+                gap: tuple[float, float] = (0.3, 2.0)) -> PlainResult:
+    """`n` plain commands on 6 emulated GPUs through `kills` SIGKILLed brokers (each
+    restarted at once), then count the commands that completed twice or never."""
+    rng = random.Random(seed)
+    state.mkdir(parents=True, exist_ok=True)
+    marks = state.parent / "marks"
+    marks.mkdir(exist_ok=True)
+    jobs = plain_workload(marks, n)
+    result = PlainResult()
+    t0 = time.monotonic()
+    proc, _ = start(state, 1.0)
+    BrokerClient(socket_path(state)).post("/v1/jobs", {"jobs": jobs})
+    while result.kills < kills:
+        time.sleep(rng.uniform(*gap))
+        if unfinished(state) == 0:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        result.kills += 1
+        proc, _ = start(state, 1.0)
+    finish(state, proc, result.violations, "the last kill")
+    result.seconds = time.monotonic() - t0
+    con = sqlite3.connect(state / DB_NAME)
+    con.row_factory = sqlite3.Row
+    rows = {r["id"]: r for r in con.execute("SELECT * FROM jobs")}
+    result.runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    result.adopted = con.execute("SELECT count(*) FROM events WHERE kind = 'adopted'"
+                                 ).fetchone()[0]
+    for job_id in range(1, n + 1):
+        mark = marks / f"{job_id}.done"
+        times = len(mark.read_text().split()) if mark.exists() else 0
+        result.completed_twice += times > 1
+        result.never_completed += times == 0
+        row = rows.get(job_id)
+        if row is None or row["state"] != "done":
+            result.violations.append(f"job {job_id}: {row['state'] if row else 'missing'}")
+    for run in con.execute("SELECT * FROM runs WHERE ended_at IS NULL"):
+        result.violations.append(f"run {run['id']} still open")
+    con.close()
+    return result
+
+
+@dataclass
+class DiskResult:
+    fills: int = 0  # times the state directory's disk was filled while jobs were unfinished
+    refused: int = 0  # submissions answered 503 while it was full
+    accepted_full: int = 0  # ... and answered 201 (the store could not have kept them)
+    broker_died: int = 0  # the broker exited while the disk was full (I4: it must not)
+    recovered_s: list[float] = field(default_factory=list)  # freed -> submissions accepted
+    completed_twice: int = 0  # plain commands that ran to their end more than once
+    held_by_nothing_s: float = 0.0  # GPU-seconds a run was recorded running after its exit
+    chaos: ChaosResult = field(default_factory=ChaosResult)
+
+
+def disk_chaos(root: Path, fills: int, plain: int, seed: int = 0, time_scale: float = 0.05,
+               size: str = "4m", hold: tuple[float, float] = (0.5, 3.0)) -> DiskResult:
+    """The job sets (emulated, step logs) and `plain` commands on a broker whose state
+    directory is a `size` tmpfs (as root), filled `fills` times for `hold` seconds: check
+    the job sets as `chaos` does, count the plain commands completed twice, the 503s and
+    the broker's deaths, and how long a run's GPUs were recorded held after it exited. The
+    jobs' own directories are elsewhere (a link): the fault is the broker's store's."""
+    rng = random.Random(seed)
+    state, jobs_dir, logs, marks = (root / n for n in ("state", "jobs", "steps", "marks"))
+    for d in (state, jobs_dir, logs, marks):
+        d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                    str(state)], check=True)
+    try:
+        (state / "jobs").symlink_to(jobs_dir)
+        return _fill_while_running(state, logs, marks, fills, plain, rng, time_scale, hold)
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def _fill_while_running(state: Path, logs: Path, marks: Path, fills: int, plain: int,
+                        rng: random.Random, time_scale: float,
+                        hold: tuple[float, float]) -> DiskResult:
+    result = DiskResult()
+    jobs = workload(logs, time_scale)
+    plain_jobs = plain_workload(marks, plain)
+    t0 = time.monotonic()
+    proc, _ = start(state, time_scale)
+    client = BrokerClient(socket_path(state), timeout=10)
+    client.post("/v1/jobs", {"jobs": jobs + plain_jobs})
+    probe = {"gpus": 1, "command": ["true"], "name": "probe"}
+    while result.fills < fills and unfinished(state):
+        time.sleep(rng.uniform(0.2, 1.5))
+        filler = state / "filler"
+        with open(filler, "wb") as f:  # to the last byte the tmpfs has
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        result.fills += 1
+        time.sleep(0.3)  # the next commit finds the disk full
+        try:
+            client.post("/v1/jobs", {**probe, "name": f"probe{result.fills}"})
+            result.accepted_full += 1
+        except ApiError as exc:
+            result.refused += exc.status == 503
+        except OSError:
+            pass
+        time.sleep(rng.uniform(*hold))
+        if proc.poll() is not None:
+            result.broker_died += 1
+        filler.unlink()
+        freed = time.monotonic()
+        if proc.poll() is not None:
+            proc, _ = start(state, time_scale)
+            client = BrokerClient(socket_path(state), timeout=10)
+        while time.monotonic() - freed < 60:
+            try:
+                client.post("/v1/jobs", {**probe, "name": f"after{result.fills}"})
+                result.recovered_s.append(time.monotonic() - freed)
+                break
+            except ApiError:
+                time.sleep(0.1)
+    finish(state, proc, result.chaos.violations, "the last fill")
+    result.chaos.seconds = time.monotonic() - t0
+    check(state, jobs, logs, result.chaos)
+    con = sqlite3.connect(state / DB_NAME)
+    con.row_factory = sqlite3.Row
+    first_plain = len(jobs) + 1
+    for i in range(1, plain + 1):
+        mark = marks / f"{i}.done"
+        times = len(mark.read_text().split()) if mark.exists() else 0
+        result.completed_twice += times > 1
+        if times == 0:
+            result.chaos.violations.append(f"plain command {i} never completed")
+        (ended,) = con.execute("SELECT max(ended_at) FROM runs WHERE job_id = ?",
+                               (first_plain + i - 1,)).fetchone()
+        if times and ended is not None:  # the mark is written just before the command exits
+            result.held_by_nothing_s += max(0.0, ended - mark.stat().st_mtime - 1.0)
+    con.close()
+    return result
+
+
 def run_chain(job_id: int, steps: int, runs: list, fell_back: set[int]) -> list[str]:
     """What is wrong with a job's run records: every run has its end step; each starts
     where the one before ended -- or earlier, after a failed run or one that resumed from
@@ -193,8 +370,39 @@ def main() -> None:
                     help="slower jobs leave room for more kills before the queue ends")
     ap.add_argument("--max-gap", type=float, default=0.8,
                     help="seconds between kills: uniform from 0.05 to this")
+    ap.add_argument("--plain", type=int, default=0, metavar="N",
+                    help="N plain commands (no worker protocol) instead of the job sets")
+    ap.add_argument("--disk-full", type=int, default=0, metavar="N",
+                    help="fill the state directory's disk (a tmpfs: as root) N times while "
+                         "the job sets and --plain commands run, instead of kills")
     args = ap.parse_args()
     summaries = []
+    if args.disk_full:
+        for seed in args.seed:
+            with tempfile.TemporaryDirectory(prefix="marble-disk-") as tmp:
+                d = disk_chaos(Path(tmp), args.disk_full, args.plain, seed, args.time_scale)
+            summaries.append({
+                "seed": seed, "fills": d.fills, "refused_503": d.refused,
+                "accepted_while_full": d.accepted_full, "broker_died": d.broker_died,
+                "recovered_median_s": round(statistics.median(d.recovered_s), 2)
+                if d.recovered_s else None, "runs": d.chaos.runs,
+                "completed_twice": d.completed_twice,
+                "gpu_seconds_held_by_nothing": round(d.held_by_nothing_s, 2),
+                "seconds": round(d.chaos.seconds, 1), "violations": d.chaos.violations[:20]})
+            print(json.dumps(summaries[-1], indent=1), flush=True)
+        sys.exit(1 if any(s["violations"] or s["completed_twice"] or s["broker_died"]
+                          for s in summaries) else 0)
+    if args.plain:
+        for seed in args.seed:
+            with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
+                p = plain_chaos(Path(tmp) / "state", args.plain, args.kills, seed)
+            summaries.append({
+                "seed": seed, "jobs": args.plain, "kills": p.kills, "runs": p.runs,
+                "adopted": p.adopted, "completed_twice": p.completed_twice,
+                "never_completed": p.never_completed, "seconds": round(p.seconds, 1),
+                "violations": p.violations[:20]})
+            print(json.dumps(summaries[-1], indent=1), flush=True)
+        sys.exit(1 if any(s["violations"] or s["completed_twice"] for s in summaries) else 0)
     for seed in args.seed:
         with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
             r = chaos(Path(tmp) / "state", args.kills, seed, args.time_scale,

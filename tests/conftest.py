@@ -95,22 +95,24 @@ class Daemon:
 
 
 def start_daemon(state_dir: Path, *args: str, gpus: int | None = 6, time_scale: float = 0.01,
-                 env: dict | None = None) -> Daemon:
-    """A marbled on `gpus` emulated GPUs; with gpus=None, on what its launcher finds."""
+                 env: dict | None = None, log: Path | None = None) -> Daemon:
+    """A marbled on `gpus` emulated GPUs; with gpus=None, on what its launcher finds. Its
+    log: `log`, else marbled.log in the state directory."""
     state_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "marbled.cli.daemon_cmd", "--state-dir", str(state_dir),
             *(["--gpus", str(gpus)] if gpus else []),
             "--time-scale", str(time_scale), "--monitor-interval", "0.1",
             "--log-level", "debug", *args]
-    log = open(state_dir / "marbled.log", "ab")  # noqa: SIM115 (the child holds it)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+    log = log or state_dir / "marbled.log"
+    out = open(log, "ab")  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                             env={**os.environ, **(env or {})})
     client = BrokerClient(socket_path(state_dir), timeout=10)
     try:
         wait_until_serving(client, proc, timeout=30)
     except RuntimeError as exc:
         proc.kill()
-        raise AssertionError(f"{exc}\n{(state_dir / 'marbled.log').read_text()}") from None
+        raise AssertionError(f"{exc}\n{log.read_text()}") from None
     return Daemon(state_dir, proc, client)
 
 @pytest.fixture

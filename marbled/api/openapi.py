@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import sys
 
 from marbled.core.spec import (
@@ -27,6 +28,16 @@ MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
 MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
+# POST /v1/jobs: a key that makes a retry answer with the first request's jobs (docs/api.md)
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY = 255
+KEY_PATTERN = re.compile(f"[!-~]{{1,{MAX_KEY}}}")  # printable ASCII, no space
+IDEMPOTENCY_KEY = {"type": "string", "pattern": f"^{KEY_PATTERN.pattern}$"}
+# What no job's text may hold (JobSpec): a NUL byte (no argument, path or name can); in a
+# name or an `after` name, nor a control character or a line or paragraph separator. (Lone
+# surrogates are refused too; a pattern cannot name them in every regex dialect.)
+NO_NUL = {"not": {"type": "string", "pattern": "\u0000"}}
+NO_CONTROL = {"not": {"type": "string", "pattern": "[\u0000-\u001f\u007f-\u009f\u2028\u2029]"}}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}}
 
@@ -65,7 +76,7 @@ def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> di
 
 
 DEPENDENCY = {"oneOf": [{"type": "integer", "minimum": 1},
-                        {"type": "string", "minLength": 1}]}
+                        {"type": "string", "minLength": 1, **NO_CONTROL}]}
 JOB = {
     "type": "object",
     "additionalProperties": False,
@@ -96,9 +107,9 @@ JOB = {
                      {"type": "array", "prefixItems": [{"pattern": "(^|/)torchrun$"}]}]}}}},
     ],
     "properties": {
-        "command": {"anyOf": [{"type": "null"}, {"type": "string"},
+        "command": {"anyOf": [{"type": "null"}, {"type": "string", **NO_NUL},
                               {"type": "array", "maxItems": MAX_COMMAND_ARGS,
-                               "items": {"type": "string"}}]},
+                               "items": {"type": "string", **NO_NUL}}]},
         "emulate": {"type": "boolean", "default": False},
         "model": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_MODEL,
                   "pattern": f"^[{MODEL_CHARS}]+$",
@@ -114,8 +125,10 @@ JOB = {
                  "default": "auto"},
         "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}]},
         "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
-                 "pattern": _one_not_in(str.isdigit),
-                 "description": "not only digits (it would read as a job id)"},
+                 "pattern": _one_not_in(str.isdigit), **NO_CONTROL,
+                 "description": "not only digits (it would read as a job id); one line of "
+                                "printable characters (a control character is refused, "
+                                "never changed)"},
         "nodes": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_NODES},
                             {"type": "string", "pattern": NODE_RANGE}],
                   "default": 1,
@@ -177,14 +190,31 @@ SPEC = {
                              {"type": "object", "additionalProperties": False,
                               "required": ["jobs"], "properties": {"jobs": {
                                   "type": "array", "minItems": 1, "maxItems": 10000,
-                                  "items": {"$ref": "#/components/schemas/Job"}}}}]}}}},
-                     "responses": _answer(
+                                  "items": {"$ref": "#/components/schemas/Job"}},
+                                  "client_token": {
+                                      **IDEMPOTENCY_KEY,
+                                      "description": f"as the {IDEMPOTENCY_HEADER} header "
+                                                     "(the same value if both are sent, else a "
+                                                     "409)"}}}]}}}},
+                     "parameters": [{
+                         "name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
+                         "schema": IDEMPOTENCY_KEY,
+                         "description": "a key new to each request (a UUID): a retry with the "
+                                        "same key and the same jobs is answered 200 with the "
+                                        "jobs the first request made (also while it is still "
+                                        "being stored, and after a restart of the broker), and "
+                                        "submits nothing; the same key with other jobs is a "
+                                        "409"}],
+                     "responses": {**_answer(
+                         f"a retry (the same {IDEMPOTENCY_HEADER} and jobs): the jobs the "
+                         "first request submitted, as they are now; header "
+                         "Idempotent-Replayed: true"), **_answer(
                          "the accepted jobs, each with its `notes` (e.g. a model no profile "
                          "knows, and the profile's models it is close to)", "201",
                          ("404", "a job named in `after` does not exist"),
                          ("413", "a body over 4 MiB"),
                          ("415", "the body is not application/json"),
-                         ("503", "the broker drains or has no GPUs: submit to the next one"))},
+                         ("503", "the broker drains or has no GPUs: submit to the next one"))}},
         },
         "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
                                       "parameters": [JOB_ID], "responses": _answer("job")}},

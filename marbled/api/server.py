@@ -43,9 +43,12 @@ from aiohttp import web
 
 from marbled.api import dashboard
 from marbled.api.openapi import (
+    IDEMPOTENCY_HEADER,
+    KEY_PATTERN,
     LOG_PAGE,
     LOG_STREAMS,
     MAX_JOB_ID,
+    MAX_KEY,
     MAX_LOG_BYTES,
     MAX_LOG_LINES,
     MAX_OFFSET,
@@ -172,6 +175,28 @@ async def _json_body(request: web.Request) -> object:
         return json.loads(await request.text(), parse_float=_number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Invalid(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # the parser's stack ends near 1,000 levels; a job set needs 4 ({"jobs": [{...: [...
+        raise Invalid("the body nests arrays or objects too deeply to read; a job set needs "
+                      "at most 4 levels ({\"jobs\": [{\"command\": [...]}]})", "body") from None
+
+
+def _idempotency_key(request: web.Request, body: object) -> str | None:
+    """The request's idempotency key: its Idempotency-Key header, or the `client_token` of
+    a {"jobs": [...]} body (taken out of it); None if it has neither."""
+    keys = {}
+    if IDEMPOTENCY_HEADER in request.headers:
+        keys[IDEMPOTENCY_HEADER] = request.headers[IDEMPOTENCY_HEADER]
+    if isinstance(body, dict) and "jobs" in body and "client_token" in body:
+        keys["client_token"] = body.pop("client_token")
+    for field, key in keys.items():
+        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+            raise Invalid(f"{field} must be 1 to {MAX_KEY} printable ASCII characters without "
+                          "spaces (a UUID, for one), new for each request", field)
+    if len(set(keys.values())) > 1:  # 409: each is well formed, they disagree
+        raise Never(f"the {IDEMPOTENCY_HEADER} header and 'client_token' differ; send one "
+                    "of them", "client_token")
+    return next(iter(keys.values()), None)
 
 
 def _number(text: str) -> int | float:
@@ -216,6 +241,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:
         body = await _json_body(request)
+        key = _idempotency_key(request, body)
         many = isinstance(body, dict) and set(body) == {"jobs"}
         docs = body["jobs"] if many else [body]
         if not isinstance(docs, list) or not docs:
@@ -232,10 +258,12 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
                 raise (in_batch(exc, i) if many else exc) from None
         # Admitted now; durable once the group commit that carries them is done (the
         # submissions that arrive together share one transaction): only then the 201.
-        rows, durable = commands.submit_grouped(specs)
-        jobs = [{**views.job(r), "notes": r.notes} for r in rows]
+        rows, durable, again = commands.submit_grouped(specs, key)
+        jobs = [{**views.job(r), "notes": getattr(r, "notes", [])} for r in rows]
         await asyncio.shield(durable)
-        return web.json_response({"jobs": jobs}, status=201)
+        # a retry of a keyed request: 200 (nothing new was created), the same jobs
+        return web.json_response({"jobs": jobs}, status=200 if again else 201,
+                                 headers={"Idempotent-Replayed": "true"} if again else None)
 
     @routes.get("/v1/jobs")
     async def list_jobs(request: web.Request) -> web.Response:

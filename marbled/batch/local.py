@@ -9,6 +9,11 @@ The own session keeps a Ctrl-Z in the broker's terminal away from the jobs and
 makes the group an orphaned one, where a default-action SIGTSTP is discarded:
 a wrapper such as `sh -c` is not stopped by the broker's SIGTSTP, while the
 training process, which catches it, checkpoints and exits.
+
+Every run's process is a supervisor (marbled.batch.supervise; a per-GPU run's,
+marbled.batch.ranks), the leader of that session and group, with the command its
+child in the group: it records the command's exit status in the run's exit file, so
+that a broker that adopts the run after a restart knows how it ended (AdoptedRun).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from marbled.batch.base import (
     Allocation,
@@ -33,6 +39,9 @@ from marbled.batch.base import (
 )
 from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
 from marbled.batch.ranks import descendants, local_rank_envs
+from marbled.batch.supervise import read_exit
+
+SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -155,10 +164,13 @@ def watch_exit(process: subprocess.Popen) -> asyncio.Future:
 
 @dataclass
 class AdoptedRun:
-    """A run started by an earlier broker: not our child, so it is watched through /proc."""
+    """A run started by an earlier broker: not our child, so it is watched through /proc,
+    and its exit code is the one its supervisor recorded in `run_dir` (None: none was)."""
 
     pid: int
     pid_start: int | None
+    run_dir: Path | None = None
+    run_id: int | None = None
 
     def alive(self) -> bool:
         return self.pid > 0 and process_start_time(self.pid) == self.pid_start
@@ -166,7 +178,13 @@ class AdoptedRun:
     async def wait(self) -> int | None:
         while self.alive():
             await asyncio.sleep(0.2)
-        return None  # the exit code of a process that is not our child is not ours to know
+        return self.exit_code()
+
+    def exit_code(self) -> int | None:
+        """What the run's supervisor recorded as it exited (it writes before it exits)."""
+        if self.run_dir is None or self.run_id is None:
+            return None
+        return read_exit(self.run_dir, self.run_id)
 
     def signal(self, sig: int) -> bool:
         return self.alive() and signal_run(self.pid, sig)
@@ -176,7 +194,7 @@ class LocalLauncher:
     name = "local"
 
     def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> AdoptedRun:
-        return AdoptedRun(pid, pid_start)
+        return AdoptedRun(pid, pid_start, run_dir, run_id)
 
     async def launch(self, request: LaunchRequest) -> LocalRun:
         """Start the run's process. The fork and exec (milliseconds for a broker of some
@@ -184,33 +202,65 @@ class LocalLauncher:
 
         A per-GPU run's process is marbled.batch.ranks, which starts one rank per GPU of
         every node (all on this host, node 0's GPUs first), with MASTER_PORT free here; a
-        prestarted one starts `standby_ranks` ranks, given their GPUs by the go."""
+        prestarted one starts `standby_ranks` ranks, given their GPUs by the go; it records
+        the run's exit itself. Any other run's process is marbled.batch.supervise, which
+        records it: launch() returns once the command runs, and raises the OSError of a
+        command that cannot start, as a direct start would."""
         env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
         argv = request.argv
         if request.per_gpu:
             ranks = request.standby_ranks or local_rank_envs(request.parts)
             argv = (sys.executable, "-m", "marbled.batch.ranks", json.dumps(ranks), *argv)
+            spawn = _spawn
+        else:
+            spawn = _spawn_supervised
         proc, start = await asyncio.get_running_loop().run_in_executor(
-            None, _spawn, argv, request, env)
+            None, spawn, argv, request, env)
         return LocalRun(proc, proc.pid, start)
 
 
-def _spawn(argv, request: LaunchRequest, env: dict[str, str]) -> tuple[subprocess.Popen,
-                                                                     int | None]:
+def _spawn(argv, request: LaunchRequest, env: dict[str, str],
+           pass_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int | None]:
     """Start `argv` for a run (in a worker thread); the process and its start time."""
-    with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
+    with private_log(request.stdout) as out, private_log(request.stderr) as err:
         proc = subprocess.Popen(argv, cwd=request.workdir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)
+                                stdout=out, stderr=err, start_new_session=True,
+                                pass_fds=pass_fds)
     return proc, process_start_time(proc.pid)
+
+
+def _spawn_supervised(argv, request: LaunchRequest,
+                      env: dict[str, str]) -> tuple[subprocess.Popen, int | None]:
+    """Start `argv` under its supervisor (in a worker thread), and wait until it runs: the
+    supervisor closes its end of a pipe once `argv` runs, or first writes the errno that
+    kept it from starting (raised here, as Popen would)."""
+    status_r, status_w = os.pipe()
+    try:
+        proc, start = _spawn((sys.executable, "-I", "-S", SUPERVISOR, str(status_w), *argv),
+                             request, env, pass_fds=(status_w,))
+    finally:
+        os.close(status_w)
+    with os.fdopen(status_r, "rb") as status:
+        failed = status.read()
+    if failed:
+        proc.wait()
+        errno = int(failed)
+        raise OSError(errno, os.strerror(errno), argv[0])
+    return proc, start
 
 
 async def start_process(argv, request: LaunchRequest,
                         env: dict[str, str]) -> asyncio.subprocess.Process:
     """Start `argv` for a run: in its own session, output to the run's logs, no stdin."""
-    with open(request.stdout, "ab") as out, open(request.stderr, "ab") as err:
+    with private_log(request.stdout) as out, private_log(request.stderr) as err:
         return await asyncio.create_subprocess_exec(
             *argv, cwd=request.workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=err, start_new_session=True)
+
+
+def private_log(path) -> BinaryIO:
+    """A run's log, opened to append; created readable by its owner alone (lifecycle I8)."""
+    return open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
 
 
 def host_name() -> str:

@@ -23,6 +23,8 @@ its own session, are not (docs/distributed.md). It
   bound that). It exits as the failed
   rank did and leaves RANK_FAILURE in the job's directory, naming the rank;
 - outlives SIGTERM (its ranks get it too) to collect their exits and output;
+- records how the run ended in the run's exit file (`supervise.write_exit`), as the
+  supervisor of any other local run does, for a broker that adopts the run after a restart;
 - prestarted (RANKS a count, MARBLE_STANDBY_FILE its go file): starts that many ranks, each
   waiting for its own go file, and at the broker's go hands each rank of the run its
   variables, cancels the ranks beyond the run's and starts those it lacks (`_prestarted`).
@@ -44,6 +46,7 @@ import sys
 import threading
 from pathlib import Path
 
+from marbled.batch.supervise import write_exit
 from marbled.worker.protocol import (
     ACK_FILE,
     STANDBY_VAR,
@@ -204,7 +207,9 @@ class _Ranks:
         except OSError as exc:
             for started in self.procs:
                 started.kill()
-            sys.exit(f"marbled: cannot run {self.command[0]!r}: {exc.strerror}")
+            print(f"marbled: cannot run {self.command[0]!r}: {exc.strerror}", file=sys.stderr)
+            _record_exit(1)
+            sys.exit(1)
         self.ranks[proc.pid] = rank
         self.procs.append(proc)
         for pipe, fd in ((proc.stdout, 1), (proc.stderr, 2)):
@@ -264,6 +269,17 @@ def _remove(files: list[Path]) -> None:
         file.unlink(missing_ok=True)
 
 
+def _record_exit(code: int) -> None:
+    """The run's exit, for a broker that adopts it after a restart (none for a standby that
+    was never given a run)."""
+    run_dir, run_id = os.environ.get("MARBLE_RUN_DIR"), os.environ.get("MARBLE_RUN_ID")
+    if run_dir and run_id:
+        try:
+            write_exit(run_dir, run_id, code)
+        except OSError as exc:
+            print(f"marbled: cannot record the exit of run {run_id}: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         sys.exit("usage: python -m marbled.batch.ranks RANKS ARGV...\n  RANKS: the ranks' "
@@ -304,12 +320,14 @@ def main(argv: list[str]) -> None:
     for relay in run.relays:  # a rank's own child may hold its pipe open: do not wait for it
         relay.join(timeout=1.0)
     if failed is None:
+        _record_exit(0)
         sys.exit(0)
     rank, code = failed
     if os.environ.get("MARBLE_RUN_DIR"):
         atomic_write_json(Path(os.environ["MARBLE_RUN_DIR"]) / RANK_FAILURE,
                           {"run_id": int(os.environ.get("MARBLE_RUN_ID", "0")), "rank": rank,
                            "world": len(envs), "exit_code": code}, durable=False)
+    _record_exit(code if code < 0 or 0 < code < 256 else 1)
     if code < 0:  # end as the rank did: the broker reads the signal from the exit status
         with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(-code, signal.SIG_DFL)

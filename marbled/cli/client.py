@@ -7,9 +7,14 @@ the time a `marble submit` takes."""
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # as marbled.api.openapi names it (not imported: aiohttp)
+SUBMIT_RETRIES = 3  # `marble submit` sends a submission again at most this many times
 
 
 class BrokerUnreachable(RuntimeError):
@@ -109,8 +114,11 @@ class BrokerClient:
             raise
         return sock
 
-    def request(self, method: str, path: str, body: object | None = None) -> dict:
+    def request(self, method: str, path: str, body: object | None = None,
+                extra: dict[str, str] | None = None) -> dict:
+        """`extra`: more headers to send."""
         headers = f"Authorization: Bearer {self.token}\r\n" if self.token else ""
+        headers += "".join(f"{name}: {value}\r\n" for name, value in (extra or {}).items())
         data = b""
         if body is not None:
             data = json.dumps(body).encode()
@@ -138,6 +146,29 @@ class BrokerClient:
         if status >= 400:
             raise ApiError(status, doc.get("error", reason), doc.get("field"))
         return doc
+
+    def submit(self, body: object, retries: int = SUBMIT_RETRIES,
+               on_retry: Callable[[str], None] = lambda message: None) -> dict:
+        """POST /v1/jobs with an Idempotency-Key new to this call: when no answer comes (a
+        timeout, a connection reset or closed before the answer), the same request is sent
+        again with the same key, up to `retries` more times (`on_retry` says so), and the
+        broker answers a retry with the jobs of the first (200), never submitting twice."""
+        key = secrets.token_hex(16)
+        for attempt in range(retries + 1):
+            try:
+                return self.request("POST", "/v1/jobs", body, {IDEMPOTENCY_HEADER: key})
+            except (TimeoutError, ConnectionError) as exc:  # a reset, a broken pipe, ...
+                what = f"no answer within {self.timeout:g} s" \
+                    if isinstance(exc, TimeoutError) else f"the connection failed ({exc})"
+                if attempt == retries:
+                    raise BrokerUnreachable(
+                        f"the broker on {self.where} gave {what}, {retries + 1} times; the "
+                        "jobs may have been submitted: see 'marble status'") from None
+                on_retry(f"{what} from the broker; sending the submission again with the "
+                         f"same {IDEMPOTENCY_HEADER} (it cannot be submitted twice), "
+                         f"try {attempt + 2} of {retries + 1}")
+                time.sleep(min(0.5 * 2 ** attempt, 4.0))
+        raise AssertionError("unreachable")
 
     def get(self, path: str) -> dict:
         return self.request("GET", path)

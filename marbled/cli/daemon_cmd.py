@@ -19,7 +19,8 @@ from marbled.core.learning import Learning
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.config import BrokerConfig
-from marbled.daemon.main import StartupError, serve
+from marbled.daemon.ledger import StorageLost
+from marbled.daemon.main import StartupError, serve, state_dir_problem
 from marbled.paths import default_state_dir, socket_path
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
@@ -184,7 +185,7 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start
         chosen = make_policy(policy, settings)
         left = asyncio.run(serve(config, chosen, system.gpu_source(allocation), runner,
                                listen))
-    except StartupError as exc:
+    except (StartupError, StorageLost) as exc:  # StorageLost: the log said what to free
         raise click.ClickException(str(exc)) from None
     sys.exit(EX_TEMPFAIL if left else 0)
 
@@ -194,10 +195,15 @@ def _detach(state_dir: Path) -> None:
     from marbled.cli.client import BrokerClient, wait_until_serving
 
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    problem = state_dir_problem(state_dir)  # before the log is written there
+    if problem:
+        raise click.ClickException(problem)
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     if "--state-dir" not in argv:
         argv += ["--state-dir", str(state_dir)]
-    with open(state_dir / "marbled.log", "ab") as logf:
+    log_fd = os.open(state_dir / "marbled.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(log_fd, 0o600)  # the log of an older marbled may be 0644
+    with open(log_fd, "ab") as logf:
         began = logf.tell()  # the log holds earlier brokers' lines: this attempt's start here
         proc = subprocess.Popen([sys.executable, "-m", "marbled.cli.daemon_cmd", *argv],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,

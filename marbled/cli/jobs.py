@@ -26,7 +26,8 @@ from marbled.core.spec import JobSpec, SpecError
 @click.option("--steps", type=int, help="Steps to train in all (passed as MARBLE_TARGET_STEPS).")
 @click.option("--gpus", default="auto", show_default=True,
               help="'auto' (the profile's optimal count; the job may be suspended and resumed) "
-                   "or a fixed count K (runs on exactly K GPUs, never suspended).")
+                   "or a fixed count K (runs on exactly K GPUs, never resized and never "
+                   "suspended by the policy; a shutdown still checkpoints it).")
 @click.option("--nodes", metavar="K|MIN-MAX", default=None,
               help="Run on this many nodes, --gpus on each, one process per node (as one "
                    "multi-node step under Slurm); a range MIN-MAX keeps the GPUs of MAX nodes "
@@ -110,13 +111,17 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
             specs = [JobSpec.from_mapping({k: v for k, v in doc.items() if v is not None})
                      .run_from(chdir or os.getcwd())]
         except SpecError as exc:
-            raise click.UsageError(f"--{exc.field.replace('_', '-')}: {exc.message}") from None
+            option = "COMMAND" if exc.field == "command" else f"--{exc.field.replace('_', '-')}"
+            raise click.UsageError(f"{option}: {exc.message}") from None
     body = {"jobs": [s.to_mapping() for s in specs]}
     for job in body["jobs"]:
         for key in [k for k, v in job.items() if v in (None, [], False)]:
             del job[key]
-    # a refusal of a file's job (field 'jobs[1].steps') names its line, as the file's reader
-    result = call(client(ctx).post, "/v1/jobs", body,
+    # with a key of its own: sent again after a timeout, it cannot submit the jobs twice; a
+    # refusal of a file's job (field 'jobs[1].steps') names its line, as the file's reader
+    api = client(ctx)
+    result = call(lambda: api.submit(
+                      body, on_retry=lambda said: click.echo(f"marble submit: {said}", err=True)),
                   place=lambda field: jobs[int(field[5:field.index("]")])][0]
                   if job_file and field and field.startswith("jobs[") else None)
 

@@ -27,8 +27,8 @@ class NotFound(Refusal):
 
 
 class Never(Refusal):
-    """The request is well formed but can never be carried out for this job (a job with a
-    fixed GPU count cannot checkpoint; a job that has ended cannot be cancelled)."""
+    """The request is well formed but can never be carried out for this job (a job that has
+    ended cannot be cancelled)."""
 
 
 class NotNow(Refusal):

@@ -43,8 +43,14 @@ def _count(job: Job, state: State, policy: Policy, now: float, aim: Target | Non
            scale: float = 1.0) -> list[str]:
     """Why this GPU count (or this demand)."""
     if not job.malleable:
-        return [f"it asked for exactly {gpus_text(job.demand)} per node, so it runs on that "
-                "count and is never suspended"]
+        if job.nodes_min is not None:  # a node range: its GPUs in all, on as few nodes as fit
+            asked = (f"{gpus_text(job.demand * job.nodes)} in all, on {job.nodes_min} to "
+                     f"{job.nodes} nodes")
+        else:
+            asked = (f"exactly {gpus_text(job.demand)}"
+                     + (f" on each of {job.nodes} nodes" if job.nodes > 1 else ""))
+        return [f"it asked for {asked}, so it runs on that count: never resized (never "
+                "suspended by the policy; a shutdown or `marble suspend` checkpoints it)"]
     out = [] if job.state.finished else \
         [f"it aims for {aim.text if aim else gpus_text(job.demand)}"]
     curve = job.curve
@@ -104,8 +110,14 @@ def _wait(job: Job, state: State, now: float, expected_start: float | None) -> l
         end, other = ends[0]
         out.append(f"the next run to end is job {other}'s, {_when(max(end - now, 0.0))}")
     if expected_start is not None:
-        out.append(f"it should start {_when(max(expected_start - now, 0.0))} (simulated from "
-                   "now)")
+        back_off = job.not_before if job.not_before is not None and job.not_before > now \
+            else None
+        if back_off is None:
+            out.append(f"it should start {_when(max(expected_start - now, 0.0))} (simulated "
+                       "from now)")
+        elif expected_start > back_off + 1:  # the back-off (the first line) ends first
+            out.append(f"it should start {_when(expected_start - now)}, after its back-off "
+                       "(simulated from now)")
     return out
 
 
@@ -116,31 +128,74 @@ MOVES = {"promote": "it was promoted", "explore": "it was moved to explore its m
 
 def _past(events: list[tuple[str, dict]]) -> list[str]:
     """Its runs, suspensions, moves (each by the reason of the suspension before it) and
-    failures, from its events."""
+    failures, from its events. A run start's `step` is the step the broker expects it to
+    restore, true unless the run before it ended (failed, stopped by force) without
+    acknowledging a checkpoint; `restored`, where the view adds it, is the step the run's
+    own first report said it restored."""
     out = []
-    runs, asked_for = [], None  # (GPUs, role, step, why the run before it was suspended)
+    # (GPUs, role, where it started, why the run before it was suspended, how that one ended)
+    runs: list[tuple[list, str | None, str, str | None, str | None]] = []
+    asked_for, acked, ended = None, False, None  # of the run so far
+    acked_before = True  # the run before the current one left the step it was expected to
+    checkpointed, forced, outran = [], [], []  # suspension requests, by how the run ended
+    fallbacks = []
     for kind, d in events:
         if kind == "suspend-requested":
             asked_for = d.get("reason")
+        elif kind == "acknowledged":
+            acked = True
         elif kind in RUN_STARTS:
-            runs.append((d.get("gpus") or [], d.get("role"), d.get("step"), asked_for))
-            asked_for = None
+            acked_before = acked or ended not in ("failed", "suspended")
+            if d.get("restored") is not None:
+                where = f"step {d['restored']}"
+            elif acked_before:
+                where = f"step {d.get('step')}"
+            else:  # its first report will say which checkpoint it found
+                where = "its last checkpoint"
+            runs.append((d.get("gpus") or [], d.get("role"), where, asked_for, ended))
+            asked_for, acked, ended = None, False, None
+        elif kind == "checkpoint-fallback":
+            fallbacks.append((d, acked_before))
+        elif kind in ("done", "suspended", "failed", "cancelled"):
+            ended = kind
+            if asked_for is not None:
+                if kind == "suspended":
+                    (checkpointed if acked else forced).append(asked_for)
+                else:
+                    outran.append(f"{asked_for}: {d.get('detail') or kind}")
     if len(runs) > 1:
-        out.append("its runs: " + " -> ".join(f"{gpus_text(len(g))} ({role}) from step {step}"
-                                              for g, role, step, _ in runs))
-    for (before, *_), (after, _, step, why) in zip(runs, runs[1:], strict=False):
+        out.append("its runs: " + " -> ".join(f"{gpus_text(len(g))} ({role}) from {where}"
+                                              for g, role, where, _, _ in runs))
+    for (before, *_), (after, _, where, why, ended) in zip(runs, runs[1:], strict=False):
         if len(after) != len(before):
-            did = MOVES.get(why, f"after a suspension ({why or 'a restart'}) it resumed")
-            out.append(f"{did} from {len(before)} to {gpus_text(len(after))} at step "
-                       f"{step}, resuming from its checkpoint")
-    asked = [d.get("reason") for k, d in events if k == "suspend-requested"]
-    if asked:
-        out.append(f"suspended {len(asked)} time(s): " + "; ".join(str(r) for r in asked))
+            if ended == "failed":
+                did, how = "after a failure it was retried", "restarting from its last " \
+                    "checkpoint"
+            else:
+                did = MOVES.get(why, f"after a suspension ({why or 'a restart'}) it resumed")
+                how = "resuming from its checkpoint"
+            out.append(f"{did} from {len(before)} to {gpus_text(len(after))} at {where}, "
+                       f"{how}")
+    if checkpointed:
+        out.append(f"suspended {len(checkpointed)} time(s): "
+                   + "; ".join(str(r) for r in checkpointed))
+    if forced:
+        out.append(f"stopped without a checkpoint {len(forced)} time(s) (asked to suspend, "
+                   "it acknowledged none): " + "; ".join(str(r) for r in forced))
+    if outran:
+        out.append(f"asked to suspend {len(outran)} time(s), but its run ended first: "
+                   + "; ".join(outran))
     for kind, data in events:
         if kind == "failed":
             tail = str(data.get("stderr_tail") or "").strip().splitlines()
             out.append(f"a run failed: {data.get('detail') or 'no detail'}"
                        + (f"; its stderr ends: {tail[-1][:200]}" if tail else ""))
-        elif kind == "checkpoint-fallback":
+    for data, acknowledged in fallbacks:
+        if acknowledged:
             out.append(f"a run restored an older checkpoint than the one acknowledged: {data}")
+        else:
+            restored, expected = data["restored"], data["expected"]
+            out.append(f"a run restarted from step {restored}: the run before it acknowledged "
+                       f"no checkpoint (its last known step: {expected}), so steps "
+                       f"{restored + 1}-{expected} ran again")
     return out

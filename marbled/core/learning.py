@@ -26,6 +26,15 @@ count and says what the broker should believe:
   model no profile knows, or a corrected profile that peaks on a count not
   measured yet), a search: double while a doubling pays at least `gain`, try the
   corrected or fitted optimum until it is measured.
+
+What a move costs (lifecycle I6) is learned beside the throughput: a model's
+start-up (launch to first step: interpreter, imports, restore) and its suspension
+(SIGTSTP to exit: the checkpoint) are the medians of its newest `RECENT` runs on
+this machine, and every curve the book gives carries them. Until one is measured,
+the profile's figure stands (on the scale its throughput was measured at); a
+start-up neither measured nor profiled is assumed to be `Learning.startup_s`
+(`DEFAULT_STARTUP_S`, a few seconds: a Python interpreter and a framework's
+imports), never 0, so that no move looks free before the first run has told.
 """
 
 from __future__ import annotations
@@ -40,18 +49,23 @@ if TYPE_CHECKING:
     from marbled.core.target import Target
 
 RECENT = 9  # samples per count that the median is taken over
+# seconds a model's start-up is assumed to take until one of its runs is measured (and its
+# profile gives none): a conservative few seconds, what importing a framework takes
+DEFAULT_STARTUP_S = 5.0
 
 
 @dataclass(frozen=True)
 class Learning:
     """How the broker learns: `min_samples` runs make a count trusted; measurements within
     `tolerance` of the profile keep its shape; a doubling must add `gain` to be tried
-    further; a model no profile knows starts on `start_gpus`."""
+    further; a model no profile knows starts on `start_gpus`; a start-up neither measured
+    nor profiled is taken to be `startup_s` seconds (None: unknown, costs nothing)."""
 
     min_samples: int = 1
     tolerance: float = 0.15
     gain: float = 0.05
     start_gpus: int = 1
+    startup_s: float | None = DEFAULT_STARTUP_S
 
 
 def fit_scaling(points: dict[int, float]) -> tuple[float, float, float] | None:
@@ -150,8 +164,8 @@ class Knowledge:
     def curve(self, max_gpus: int) -> ThroughputCurve | None:
         """The best estimate of steps/s on 1..max_gpus GPUs; None if nothing is known."""
         points = self.measured()
-        if not points:
-            return self.profile
+        if not points:  # the profile's speeds, at the costs measured (or assumed)
+            return self.profile and replace(self.profile, **self._costs())
         if self.profile is None:
             values = tuple(points.get(g) or self._fitted(points, g)
                            for g in range(1, max_gpus + 1))
@@ -177,16 +191,20 @@ class Knowledge:
         return fitted if fitted is not None else \
             points[min(points, key=lambda m: (abs(m - g), m))]
 
-    def _costs(self) -> dict:
+    def _costs(self, assumed: bool = True) -> dict:
         """Start-up and suspension as measured; until then the profile's, on the scale its
-        throughput was measured at (a machine k times as fast takes 1/k of the time)."""
+        throughput was measured at (a machine k times as fast takes 1/k of the time); a
+        start-up neither measured nor profiled: `Learning.startup_s` if `assumed`."""
         out, k = {}, self.scale() if self.shape_holds() else 1.0
         for kind in ("startup", "suspend"):
             samples = getattr(self, kind)
             known = getattr(self.profile, f"{kind}_s", None) if self.profile else None
             known = known / k if known is not None else None
             out[f"{kind}_s"] = (median(samples[-RECENT:])
-                                if len(samples) >= self.learning.min_samples else known)
+                                if samples and len(samples) >= self.learning.min_samples
+                                else known)
+        if assumed and out["startup_s"] is None:
+            out["startup_s"] = self.learning.startup_s
         return out
 
     def next_count(self, max_gpus: int) -> int | None:
@@ -218,8 +236,7 @@ class Knowledge:
         return {"model": self.model, "counts": counts, "profile_optimum": said,
                 "optimum": curve.optimal_gpus(max_gpus) if curve else None,
                 "next_count": aim.count, "next_reason": aim.as_dict(),
-                "startup_s": curve.startup_s if curve else None,
-                "suspend_s": curve.suspend_s if curve else None,
+                **self._costs(assumed=False),  # measured or profiled, not assumed
                 "disagrees": self.disagreement(max_gpus)}
 
     def disagreement(self, max_gpus: int) -> str | None:
@@ -321,9 +338,9 @@ class LearnedBook:
             entry = {"steps_per_second": list(curve.steps_per_second)}
             if curve.shared:
                 entry["shared_steps_per_second"] = dict(curve.shared)
-            for cost in ("startup_s", "suspend_s"):
-                if getattr(curve, cost) is not None:
-                    entry[cost] = getattr(curve, cost)
+            for cost, value in know._costs(assumed=False).items():  # not what is assumed
+                if value is not None:
+                    entry[cost] = value
             models[curve.model] = entry
         return {"system": f"{self.profile.system} (learned)", "gpus_per_node": self.max_gpus,
                 "models": models}

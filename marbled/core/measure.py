@@ -40,6 +40,15 @@ def training_point(progress: dict) -> Point | None:
     return Point(int(progress["step"]), float(progress["time"]))
 
 
+def trains(progress: dict) -> bool:
+    """Has the run reported its first step? Until then it is starting up (interpreter,
+    imports, restore) and a policy does not reshape it (lifecycle I6)."""
+    if "first_step" in (progress.get("phases") or {}):
+        return True
+    step, start = progress.get("step"), progress.get("start_step")
+    return isinstance(step, int) and isinstance(start, int) and step > start
+
+
 def first_point(progress: dict) -> Point | None:
     """Where the training phase began: the first step, at its time."""
     phases = progress.get("phases") or {}

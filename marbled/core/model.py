@@ -73,7 +73,8 @@ class Job:
     `demand` is the GPU count the job runs best on (from its profile) or the
     count it asked for. A *malleable* job speaks the worker protocol: it may
     start as a secondary on fewer GPUs and be suspended; a rigid job (explicit
-    `--gpus K`) runs on exactly its count and is never suspended. A job on
+    `--gpus K`) runs on exactly its count and is never suspended by a policy (a
+    stop the broker makes still checkpoints it: docs/lifecycle.md). A job on
     `nodes` > 1 runs `demand` GPUs on each of that many nodes, only as a primary
     (with `nodes_min`, the same GPUs in all on fewer nodes, more on each).
     `max_share` > 1: its profile says it trains usefully on 1/max_share of a GPU.

@@ -2,13 +2,18 @@
 
 The broker knows whether the user cancelled the run, whether it had asked the
 run to suspend (and with what reason), whether it had to force it (SIGTERM or
-SIGKILL), the exit code (None when the run was adopted after a restart: it is
-not the broker's child), the job's acknowledgement and its last progress report.
+SIGKILL), the exit code, the job's acknowledgement and its last progress report.
 
-Without an exit code the job's own files decide: an acknowledgement is a
-checkpoint on disk; a last report at the job's last step means it finished (a
-worker saves its last step before it reports it); a run that never reported
-never restored, so it trained nothing and ends where it started.
+A run adopted after a broker restart is not the broker's child: its exit code is
+the one its supervisor recorded (marbled.batch.supervise), so a finished run is
+done or failed with its true code, never run again. The code is None only when
+no record exists (the run never started, its supervisor was killed, or it ran
+under a batch system's step): then the job's own files decide, as far as they
+can: an acknowledgement is a checkpoint on disk; a last report at the job's last
+step means it finished (a worker saves its last step before it reports it);
+otherwise the outcome is unknown and the run is run again, from where it started
+(it never reported, so never restored: it trained nothing the broker knows of)
+or from its last checkpoint, and its why says so.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from marbled.core.model import JobState
 
 RECOVERED = "recovered after a broker restart"
+UNKNOWN = "outcome unknown: run again"  # no exit status, no process, nothing in its files
 
 
 @dataclass(frozen=True)
@@ -40,24 +46,34 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
         outcome, why = JobState.CANCELLED, "cancelled by the user"
     elif code is None and reached:  # exit not observed: the files say it finished
         outcome, why = JobState.DONE, "done"
+    elif code is None and not ack:  # exit not observed, and the files do not say
+        outcome, why = JobState.SUSPENDED, UNKNOWN
     elif suspending or ack:
         if ack:
             outcome, why = (JobState.DONE, "done") if reached else (JobState.SUSPENDED, reason)
         elif code == 0 and not escalated:
             outcome, why = JobState.DONE, "done before it saw the suspension"
-        elif escalated or code is None:
+        elif escalated:
             outcome, why = JobState.SUSPENDED, f"{reason}: stopped without a checkpoint"
         else:
             outcome, why = JobState.FAILED, f"exited with {code} while suspending"
     elif code == 0:
         outcome, why = JobState.DONE, "done"
-    elif code is None:
-        outcome, why = JobState.SUSPENDED, "exit not observed; resumes from its checkpoint"
     else:
         outcome, why = JobState.FAILED, f"exited with {describe_exit(code)}"
     if outcome is JobState.DONE and end_step is None:
         end_step = target_steps
-    if outcome is JobState.SUSPENDED and not ack:
+    if outcome is JobState.SUSPENDED and not ack and code is None:
+        # Not known to have finished: it starts again, where it last started or from the
+        # last checkpoint it made (the next run reports which).
+        if progress_step is None:
+            end_step = start_step
+            if start_step:
+                why = f"{why} from step {start_step} (no step reported)"
+        else:
+            why, end_step = f"{why} from its last checkpoint (last reported step " \
+                f"{progress_step})", None
+    elif outcome is JobState.SUSPENDED and not ack:
         if progress_step is None and start_step is not None:
             # It never reported, so never restored its checkpoint: it trained nothing.
             why, end_step = f"{why} (no step reported: resumes from step {start_step})", \
@@ -67,22 +83,20 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
             # are unknown (progress reports lag); the next run reports where it resumed.
             why, end_step = f"{why} (last reported step {end_step})", None
     if recovered:
-        why = f"{RECOVERED}: {_recovered_why(outcome, ack, end_step, progress_step, why)}"
+        why = f"{RECOVERED}: {_recovered_why(outcome, ack, end_step, code, why)}"
     return RunEnd(outcome, why or "suspended", end_step)
 
 
 def _recovered_why(outcome: JobState, ack: dict | None, end_step: int | None,
-                   progress_step: int | None, why: str | None) -> str | None:
-    """What the files of a run that ended while no broker watched showed."""
+                   code: int | None, why: str | None) -> str | None:
+    """How a run that ended while no broker watched did end: its recorded exit code, or
+    what its files showed."""
+    if outcome is JobState.DONE and code is not None:
+        return f"done (exited with {describe_exit(code)})"
     if outcome is JobState.DONE:
         return f"done (its last report: step {end_step})"
     if outcome is JobState.SUSPENDED and ack:
         return f"suspended at its checkpoint of step {end_step}"
-    if outcome is JobState.SUSPENDED and progress_step is None and end_step is not None:
-        return f"ended before its first report; resumes from step {end_step}"
-    if outcome is JobState.SUSPENDED:
-        return (f"ended without acknowledging a checkpoint (last reported step "
-                f"{progress_step}); resumes from its last checkpoint")
     return why
 
 

@@ -77,6 +77,8 @@ class JobSpec:
             raise SpecError("command", "must be a string or a list of strings")
         if len(command) > MAX_COMMAND_ARGS:
             raise SpecError("command", f"has more than {MAX_COMMAND_ARGS} words")
+        for i, word in enumerate(command):
+            _runnable("command", word, f"word {i + 1} ({_shown(word)})")
 
         emulate = doc.get("emulate", False)
         if not isinstance(emulate, bool):
@@ -90,6 +92,8 @@ class JobSpec:
         model = doc.get("model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise SpecError("model", "must be a non-empty string such as 'resnet-50'")
+        if isinstance(model, str):
+            _runnable("model", model, "the model")
         if model is not None and (len(model) > MAX_MODEL
                                   or not re.fullmatch(f"[{MODEL_CHARS}]+", model)):
             raise SpecError("model", f"must be 1 to {MAX_MODEL} letters, digits and . _ + : / - "
@@ -119,10 +123,15 @@ class JobSpec:
             for a in after
         ):
             raise SpecError("after", "must be a job id, a job name, or a list of them")
+        for a in after:
+            if isinstance(a, str):
+                _plain_name("after", a, f"the name {_shown(a)}")
 
         name = doc.get("name")
         if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME):
             raise SpecError("name", f"must be a string of 1 to {MAX_NAME} characters")
+        if isinstance(name, str):
+            _plain_name("name", name, "the name")
         if isinstance(name, str) and name.isdigit():
             raise SpecError("name", "must not be all digits (it would read as a job id)")
 
@@ -134,8 +143,9 @@ class JobSpec:
             raise SpecError("retries", f"must be a whole number from 0 to {MAX_RETRIES}")
 
         chdir = doc.get("chdir")
-        if chdir is not None and (not isinstance(chdir, str) or not 0 < len(chdir) <= MAX_PATH
-                                  or "\0" in chdir):
+        if isinstance(chdir, str):
+            _runnable("chdir", chdir, "the path")
+        if chdir is not None and (not isinstance(chdir, str) or not 0 < len(chdir) <= MAX_PATH):
             raise SpecError("chdir", f"must be a directory path of 1 to {MAX_PATH} characters")
 
         per_gpu = doc.get("per_gpu", False)
@@ -322,6 +332,38 @@ def _gpus(n: int) -> str:
     from marbled.core.target import gpus_text
 
     return gpus_text(n)
+
+
+# Text exec() and the file system cannot take: a NUL byte (C strings end there), a lone
+# surrogate (not Unicode: it has no UTF-8 bytes)
+_UNRUNNABLE = re.compile("[\\x00\\ud800-\\udfff]")
+# ... and what a name may not hold besides: the control characters (Unicode's Cc: a newline, a
+# tab, an escape) and the line and paragraph separators: a name is one row of `status`
+_NOT_IN_NAMES = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\ud800-\\udfff]")
+
+
+def _runnable(field: str, text: str, what: str) -> None:
+    """SpecError if `text` holds what no program argument, path or name can."""
+    bad = _UNRUNNABLE.search(text)
+    if bad is None:
+        return
+    at = bad.start() + 1
+    if bad.group() == "\0":
+        raise SpecError(field, f"{what} holds a NUL byte (\\0) at character {at}; no program "
+                               "argument, path or name can hold one: remove it")
+    raise SpecError(field, f"{what} holds a lone surrogate ({bad.group()!r}) at character "
+                           f"{at}: that is not valid Unicode (text that was not UTF-8?); send "
+                           "the text as UTF-8")
+
+
+def _plain_name(field: str, text: str, what: str) -> None:
+    """SpecError if `text`, a job's name, is not one line of printable characters."""
+    _runnable(field, text, what)
+    bad = _NOT_IN_NAMES.search(text)
+    if bad is not None:
+        raise SpecError(field, f"{what} holds the control character {bad.group()!r} at "
+                               f"character {bad.start() + 1}; a name is one line of printable "
+                               "characters: remove it (a name is refused, never changed)")
 
 
 def _shown(text: str, most: int = 40) -> str:

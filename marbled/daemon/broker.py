@@ -28,14 +28,14 @@ from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import holders
-from marbled.daemon.learner import Learner
-from marbled.daemon.ledger import Ledger
+from marbled.daemon.learner import Learner, starts_up
+from marbled.daemon.ledger import Ledger, StorageLost, StoreRefused
 from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.recovery import recover
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.workfiles import JobFiles
 from marbled.paths import workdir_problem
-from marbled.store.db import Store
+from marbled.store.db import Store, request_digest
 
 log = logging.getLogger("marbled")
 
@@ -71,6 +71,7 @@ class Broker:
         self.coalescing = False  # the loop waits for the ends that come together
         self._reshaped: dict[int, float] = {}  # job -> when the policy last reshaped it
         self._refused: dict[int, float] = {}  # job -> the reshape whose repeat was logged
+        self._held: dict[int, int | None] = {}  # job -> its run whose move waits (I6), logged
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
         self._due: Timer | None = None  # the policy's next decision without an event
@@ -87,22 +88,43 @@ class Broker:
     # ------------------------------------------------------------ the loop
 
     async def run(self) -> None:
-        """Decide and act until the drain has finished."""
+        """Decide and act until the drain has finished. While the store cannot be written
+        (`ledger.fault`) no decision is made: a run started then, and lost with the held
+        writes if this broker died, would be started again by the next one; the ledger
+        wakes the loop when its writes are committed again."""
         self._timers()
+        self.ledger.on_recovered = self.wake
         while not (self.draining and not self.runs.live and not self.runs.launching):
             await self._wake.wait()
             await self._coalesce()
             self._wake.clear()
             if self._failure is not None:
                 raise self._failure
-            if not self.draining:
+            if not self.draining and self.ledger.fault is None:
                 self.decide()
-        self.ledger.flush()
+        self.ledger.flush()  # once more: the store may take what is held now
         self._idle.set()
+        if self.ledger.fault is not None:
+            held, saved = self.ledger.held, self.ledger.spill()
+            raise StorageLost(
+                f"stopping with {held} writes the store never took ({self.ledger.fault}); "
+                + (f"they are saved in {saved} for the next broker" if saved else
+                   "the next broker settles the runs left open from the jobs' own files"))
 
     def _store_failed(self, exc: BaseException) -> None:
         """A commit failed with submissions in it: the state holds jobs the store does not,
-        so the broker stops (no 201 was sent for them); a new one rebuilds from the store."""
+        so the broker stops (no 201 was sent for them); a new one rebuilds from the store.
+        A group the store refused for want of space or access (`StoreRefused`: 503) was
+        never accepted: its jobs leave the state (as cancelled, never stored) and the broker
+        goes on."""
+        if isinstance(exc, StoreRefused):
+            for job_id in exc.jobs:
+                job, spec = self.state.jobs.get(job_id), self.specs.get(job_id)
+                if job is not None and not job.state.finished:
+                    self.state.finished(job_id, JobState.CANCELLED)
+                if spec is not None and spec.name and self.names.get(spec.name) == job_id:
+                    del self.names[spec.name]
+            return
         log.error("the store could not commit (%s): stopping", exc)
         self._failure = exc
         self.wake()
@@ -174,9 +196,35 @@ class Broker:
         self.metrics.decision.observe(time.perf_counter() - began)
 
     def _refuse(self, action: Action, now: float) -> bool:
-        """Is `action` a reshape of a job the policy reshaped less than `reshape_window` ago?
-        Such a loop makes no progress (each run is undone before it trains): the reshape is
-        refused and logged once, and the policy may decide again once the window is past."""
+        """Is `action` a move the broker does not take now?
+
+        * A reshape of a run that has not reported its first step (lifecycle I6: it has
+          trained nothing, and its start-up would be thrown away): held, logged once per
+          run as `reshape-held`, and decided again each monitor interval until it trains
+          (one that reports nothing at all: until its model's start-up has passed,
+          `learner.starts_up`).
+        * A reshape of a run whose start-up is counted only now: decided again at once,
+          priced at the start-up measured (the learner has updated its model's curve).
+        * A reshape of a job the policy reshaped less than `reshape_window` ago. Such a
+          loop makes no progress (each run is undone before it trains): the reshape is
+          refused and logged once, and the policy may decide again once the window is past.
+        """
+        if isinstance(action, Suspend):
+            live = self.runs.live.get(action.job)
+            reports = self.specs[action.job].emulate or bool(
+                self.learner and self.learner.reports(action.job))
+            if starts_up(action, self.state, live, self.files, now, reports):
+                run = live.run_id if live else None
+                if self._held.get(action.job, -1) != run:
+                    self._held[action.job] = run
+                    log.info("job %d: not reshaped before its first step (%s)", action.job,
+                             action.reason)
+                    self.ledger.event("reshape-held", now, action.job, run,
+                                      reason=action.reason)
+                self.wake_at(now + self.config.monitor_interval)
+                return True
+            if live is not None and self.learner and self.learner.before_move(live):
+                return True
         last = self._reshaped.get(action.job) if isinstance(action, Suspend) else None
         if last is None or now - last >= self.config.reshape_window:
             return False
@@ -203,8 +251,21 @@ class Broker:
     def _spawn(self, coro: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A background task's failure is a bug of the broker's: never left unobserved
+        (lifecycle I3), it is logged with its traceback and recorded."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("a background task of the broker failed: %r", exc, exc_info=exc)
+        try:
+            self.ledger.event("broker-error", self.clock.time(), error=repr(exc))
+        except Exception:  # noqa: BLE001 (the store may be what failed)
+            log.exception("could not record the failure")
 
     def _timers(self) -> None:
         """The periodic and one-off deadlines the broker knows at its start."""
@@ -293,6 +354,7 @@ class Broker:
         """An ended job is reshaped no more: the loop guard need not keep it."""
         self._reshaped.pop(job_id, None)
         self._refused.pop(job_id, None)
+        self._held.pop(job_id, None)
 
     def curve_of(self, job_id: int) -> ThroughputCurve | None:
         """What the book knows of the job's model, on the broker's clock (an emulated job
@@ -353,22 +415,51 @@ class Broker:
         self._accepted(admitted, rows)
         return rows
 
-    def submit_grouped(self, specs: list[JobSpec]) -> tuple[list, asyncio.Future]:
-        """As `submit`, for the API: the rows, and a future done once they are durable. The
-        rows of the submissions that arrive together are committed in one transaction (a
-        group commit); the API answers when it has committed."""
+    def submit_grouped(self, specs: list[JobSpec],
+                       key: str | None = None) -> tuple[list, asyncio.Future, bool]:
+        """As `submit`, for the API: the rows, a future done once they are durable, and
+        whether this answers again a submission made before with idempotency key `key`
+        (its rows and future; Never if it submitted other jobs). The rows of the
+        submissions that arrive together are committed in one transaction (a group commit);
+        the API answers when it has committed."""
+        first = self.store.requested(key) if key is not None else None
+        if first is not None:
+            digest, first_id, count, answer = first
+            if digest != request_digest(specs):
+                raise Never(f"the Idempotency-Key '{key}' was used for another request (jobs "
+                            f"{first_id}-{first_id + count - 1}); send a new key with each "
+                            "new request, and the same key only with the same jobs",
+                            "Idempotency-Key")
+            if answer is None:  # submitted before a restart: the rows as they are now
+                answer = (self.store.jobs(list(range(first_id, first_id + count))),
+                          asyncio.get_running_loop().create_future())
+                answer[1].set_result(None)
+            return answer[0], answer[1], True
         admitted = self._admit(specs)
-        rows, durable = self.ledger.submit_grouped(admitted, self.clock.time())
+        at = self.clock.time()
+        also = None if key is None else self.store.request_made(
+            key, request_digest(specs), admitted[0].job.id, len(admitted), at)
+        try:
+            rows, durable = self.ledger.submit_grouped(admitted, at, also=also)
+        except BaseException:
+            if key is not None:
+                self.store.requests.pop(key, None)
+            raise
+        if key is not None:  # a retry while the rows are stored waits for them too
+            self.store.request_answered(key, (rows, durable))
         # The state takes the jobs now (a later submission of the group may name them); any
         # store write, a decision's included, commits the group's rows first.
         self._accepted(admitted, rows)
-        return rows, durable
+        return rows, durable, False
 
     def _admit(self, specs: list[JobSpec]) -> list:
         if self.draining:
             raise Unavailable("the broker is shutting down; submit to the next broker")
         if self._failure is not None:
             raise Unavailable("the broker is stopping: its store could not commit")
+        if self.ledger.fault is not None:
+            raise Unavailable(f"the broker cannot write its store now: {self.ledger.fault}; "
+                              "running jobs go on: submit again once it is freed")
         # a job that names no directory runs in the broker's (an API client's own is unknown)
         specs = [s if s.chdir else replace(s, chdir=str(self.config.workdir)) for s in specs]
         return admit(specs, first_id=self._next_id, state=self.state, book=self.book,
@@ -402,11 +493,16 @@ class Broker:
         """Checkpoint a running job and put it back in the FIFO at its place (user request)."""
         job = self._job(job_id)
         running = job.state is JobState.RUNNING
-        if running and not job.malleable:
-            raise Never(f"job {job_id} has a fixed GPU count and cannot checkpoint; "
-                        "cancel it instead")
         if not running or (job_id not in self.runs.live and job_id not in self.runs.launching):
             raise NotNow(f"job {job_id} is {job.state}; only a running job can be suspended")
+        live = self.runs.live.get(job_id)
+        if not job.malleable and (live is None or not self.runs.reported(live)):
+            # A fixed count is the policy's business, not the checkpoint's (lifecycle I1); but
+            # a run that has not reported has no checkpoint to keep: it would start again.
+            raise NotNow(f"job {job_id} has not reported progress yet, so there is no "
+                         "checkpoint to keep: suspended now it would start again from scratch. "
+                         "A job that speaks the worker protocol reports once it has restored "
+                         "(try again then); a plain command never does: cancel it instead")
         # A process still being started is asked once it runs (Runs.suspend).
         self._suspend_now(job_id, "requested by the user")
 

@@ -11,6 +11,14 @@ that promotes (MARBLE) moves it up when GPUs free: how a model no profile knew i
 explored, one doubling at a time, while each pays. One above it (a doubling that did
 not pay) is brought back down by MARBLE when the move pays. The count and its reason
 are `core.target`'s, which `marble curves`, `status` and `explain` show.
+
+What a move costs is learned the same way (lifecycle I6): a model's start-up (launch
+to first step: interpreter, imports, restore) and its suspension (SIGTSTP to exit:
+checkpoint) are the medians of its last runs on this broker's machine, and its jobs'
+curves carry them, so policies price a reshape at them. A run's start-up is counted
+at the latest when a policy would first move it (`before_move()`), not only at the
+next tick. A run that has not reported its first step is not moved at all
+(`starts_up()`, the daemon's side of `core.decision.starting_up`).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from marbled.core.learning import LearnedBook
+from marbled.core.decision import starting_up
+from marbled.core.learning import DEFAULT_STARTUP_S, LearnedBook
 from marbled.core.measure import (
     Point,
     Sample,
@@ -27,17 +36,47 @@ from marbled.core.measure import (
     suspension,
     throughput,
     training_point,
+    trains,
 )
 from marbled.core.profiles import model_key
 
 if TYPE_CHECKING:
-    from marbled.core.model import State
+    from marbled.core.model import Action, State
     from marbled.core.profiles import ThroughputCurve
     from marbled.core.spec import JobSpec
     from marbled.daemon.clock import Clock
     from marbled.daemon.ledger import Ledger
     from marbled.daemon.runs import LiveRun
     from marbled.daemon.workfiles import JobFiles
+
+
+def starts_up(action: Action, state: State, live: LiveRun | None, files: JobFiles,
+              now: float, reports: bool) -> bool:
+    """Is `action` a policy's reshape of a run that has not reported its first step
+    (`core.decision.starting_up`)? The broker does not take it (lifecycle I6). The run's
+    last progress report tells; a run whose process is still being started has not
+    trained. A run that has reported nothing at all, of a job not known to report
+    (`reports`: emulated, or its model's runs have reported their start-ups here), may be
+    importing still, or may never report (the paper's SIGTSTP/SIGUSR1 protocol alone, a
+    plain command): it is held while younger than its model's start-up (measured, else
+    assumed: `core.learning.DEFAULT_STARTUP_S`), and taken as one that does not report
+    after that."""
+
+    def trained(job_id: int) -> bool:
+        if live is None:
+            return False
+        progress = files.progress(job_id, live.run_id)
+        if trains(progress):
+            return True
+        if progress or reports:  # it speaks the protocol: its first step will be told
+            return False
+        job = state.jobs[job_id]
+        curve = job.curve
+        expected = curve.startup_s if curve is not None and curve.startup_s is not None \
+            else DEFAULT_STARTUP_S
+        return job.run_started is not None and now - job.run_started >= expected
+
+    return starting_up(action, state, trained)
 
 
 class Learner:
@@ -94,6 +133,22 @@ class Learner:
             self._started.discard(live.run_id)
         if samples:
             self._learn(spec.model, live, samples)
+
+    def reports(self, job_id: int) -> bool:
+        """Do the job's runs report their progress? Its model's runs here have told their
+        start-ups (so its worker speaks the protocol)."""
+        spec = self.specs[job_id]
+        return bool(spec.model) and bool(self.book.knowledge(spec.model).startup)
+
+    def before_move(self, live: LiveRun) -> bool:
+        """A policy would move the run, which trains: count its start-up now if it is not
+        counted yet, so that the move is priced at what this model's start-up measures
+        (the next tick may be 30 s away). True if that was learned (its jobs' curves have
+        changed: the move is to be decided again)."""
+        if live.run_id in self._started:
+            return False
+        self.observe(live, None)
+        return live.run_id in self._started
 
     def _learn(self, model: str, live: LiveRun, samples: list[Sample]) -> None:
         self.ledger.samples(model, live.job_id, live.run_id, samples, self.clock.time())

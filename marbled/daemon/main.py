@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -10,6 +11,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -37,9 +39,13 @@ class StartupError(RuntimeError):
 
 
 def prepare_state_dir(state_dir: Path) -> int:
-    """Create the directory (0700) and take its lock; returns the lock's file descriptor."""
+    """Create the directory (0700) and take its lock; returns the lock's file descriptor.
+    One that exists must be this user's and writable by no one else (state_dir_problem)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(state_dir, 0o700)
+    problem = state_dir_problem(state_dir)
+    if problem:
+        raise StartupError(problem)
+    os.chmod(state_dir, 0o700)  # this user's own, writable only by them: no longer readable
     if len(str(socket_path(state_dir).absolute())) > MAX_SOCKET_PATH:
         raise StartupError(
             f"state directory path is too long for a Unix socket ({MAX_SOCKET_PATH} bytes "
@@ -60,6 +66,40 @@ def prepare_state_dir(state_dir: Path) -> int:
     return fd
 
 
+def state_dir_problem(state_dir: Path) -> str | None:
+    """Why the existing directory `state_dir` may not hold this user's broker, as ssh refuses
+    a key with loose modes: another user owns it, or others may write in it (and so read
+    the database and logs, or move the socket away). None if it is fit."""
+    info = os.stat(state_dir)
+    if info.st_uid != os.geteuid():
+        return (f"the state directory {state_dir} belongs to uid {info.st_uid}, not to you "
+                f"(uid {os.geteuid()}): its owner could read the jobs and replace the "
+                "socket; choose another (MARBLE_STATE_DIR or --state-dir) or remove it")
+    loose = stat.S_IMODE(info.st_mode) & 0o022
+    if loose:
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "every user"))
+                           if loose & bit)
+        return (f"the state directory {state_dir} is writable by {who} (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): they could read the jobs and replace the "
+                f"socket; run 'chmod 700 {state_dir}' if you trust what is in it, or choose "
+                "another (MARBLE_STATE_DIR or --state-dir)")
+    return None
+
+
+def private_files(state_dir: Path) -> None:
+    """The database exists, and it and its -wal and -shm files are 0600 (SQLite makes the
+    -wal and -shm files with the database's mode); the job directories' root is 0700."""
+    db = state_dir / DB_NAME
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    for path in (db, db.with_name(DB_NAME + "-wal"), db.with_name(DB_NAME + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path, 0o600)
+    jobs = state_dir / "jobs"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(jobs, 0o700)
+    os.chmod(jobs, 0o700)
+
+
 async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                 launcher: Launcher | None = None,
                 listen: tuple[str, int] | None = None) -> int:
@@ -71,6 +111,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     launcher = launcher or LocalLauncher()
     lock_fd = prepare_state_dir(config.state_dir)
     try:
+        private_files(config.state_dir)
         store = Store(config.state_dir / DB_NAME)
     except SchemaError as exc:
         os.close(lock_fd)

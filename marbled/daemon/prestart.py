@@ -13,6 +13,7 @@ cancels ranks where the count differs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from pathlib import Path
 from marbled.batch.base import LaunchRequest, RunHandle
 from marbled.worker.protocol import atomic_write_json
 
+log = logging.getLogger("marbled")
 
 @dataclass
 class Standby:
@@ -37,9 +39,16 @@ class Standbys:
                  record: Callable[..., None]):
         self._launch, self._spawn, self._record = launch, spawn, record
         self._waiting: dict[int, Standby] = {}
+        self._declined: set[int] = set()  # jobs that cannot be prestarted (said once each)
 
     def __contains__(self, job_id: int) -> bool:
         return job_id in self._waiting
+
+    def decline(self, job_id: int, why: str) -> None:
+        """The job's next run is launched cold: say why, once per job."""
+        if job_id not in self._declined:
+            self._declined.add(job_id)
+            log.info("%s", why)
 
     def start(self, job_id: int, go_file: Path, request: LaunchRequest) -> None:
         go_file.unlink(missing_ok=True)

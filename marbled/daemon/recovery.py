@@ -7,11 +7,15 @@ broker died between writing a run's row and recording its pid, the process is
 found by its environment. A run on a node that is no longer the broker's ended
 with its allocation.
 
-The exit code of a process that is not the broker's child is not knowable, so
-the job's own files say how such a run ended (`core/outcome.py`): its
-acknowledged checkpoint, its last progress report (at the job's last step: done,
-with no relaunch), or none (it never restored: it ends where it started). Its
-detail says "recovered after a broker restart".
+A process that is not the broker's child has an exit code the broker cannot
+wait for: its supervisor (marbled.batch.supervise; a per-GPU run's ranks process)
+records it in the run's exit file, so a finished run is done or failed with its
+true code, and never run again (lifecycle I2). Without that record (a run under a
+batch system's step, or one whose supervisor was killed) the job's own files say
+what they can (`core/outcome.py`): its acknowledged checkpoint, its last progress
+report (at the job's last step: done, with no relaunch), or nothing: then the
+outcome is unknown and the run is run again, and its record says so ("outcome
+unknown: run again"). Its detail says "recovered after a broker restart".
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         if run is not None:  # its node left with its allocation, and the run with it
             end = _unwatched_end(runs, row, run, state)
             runs.ledger.run_ended(
-                job.id, run.id, at=runs.clock.time(), exit_code=None,
+                job.id, run.id, at=runs.clock.time(), exit_code=runs.files.exit_code(row.id,
+                                                                                     run.id),
                 reason=end.outcome.value, outcome=end.outcome, end_step=end.end_step,
                 start_step=runs.files.progress(row.id, run.id).get("start_step"),
                 detail=f"{end.why}; node {run.node} left with its allocation", recovered=True)
@@ -71,9 +76,11 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
 
 
 def _unwatched_end(runs: Runs, row, run, state: JobState) -> RunEnd:
-    """How a run no broker saw end did end, from its job's files (`core/outcome.py`)."""
+    """How a run no broker saw end did end: the exit its supervisor recorded, else what its
+    job's files show (`core/outcome.py`)."""
     progress = runs.files.progress(row.id, run.id)
-    return run_outcome(code=None, cancelled=False, suspending=state is JobState.SUSPENDING,
+    return run_outcome(code=runs.files.exit_code(row.id, run.id), cancelled=False,
+                       suspending=state is JobState.SUSPENDING,
                        escalated=False, reason="broker restart", ack=runs.files.ack(
                            row.id, run.id), progress_step=progress.get("step"),
                        target_steps=row.steps, start_step=run.start_step, recovered=True)

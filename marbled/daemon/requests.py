@@ -9,17 +9,16 @@ from pathlib import Path
 
 from marbled.batch.base import LaunchRequest
 from marbled.batch.step import PER_GPU_VAR
-from marbled.core.spec import JobSpec, expand_run_vars
+from marbled.core.spec import RUN_VAR, JobSpec, expand_run_vars
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.workfiles import LOG_STREAMS, JobFiles
 
 
-def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec, node: str,
-                   devices: tuple[str, ...], run_env: dict[str, str]) -> LaunchRequest:
-    """A run of `job_id` on `devices` of `node`; `run_env` says which run (and its GPUs)."""
-    jdir = files.dir(job_id)
-    env = {"MARBLE_JOB_ID": str(job_id), "MARBLE_RUN_DIR": str(jdir),
-           "MARBLE_CHECKPOINT_DIR": str(files.checkpoints(job_id)), **run_env}
+def _job_env(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec,
+             node: str) -> dict[str, str]:
+    """The worker protocol's variables every run of the job on `node` has, whichever run."""
+    env = {"MARBLE_JOB_ID": str(job_id), "MARBLE_RUN_DIR": str(files.dir(job_id)),
+           "MARBLE_CHECKPOINT_DIR": str(files.checkpoints(job_id))}
     if node == config.broker_node:  # a signal cannot reach the broker from elsewhere
         env["MARBLE_BROKER_PID"] = str(os.getpid())
     if spec.steps:
@@ -31,6 +30,14 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
         env["MARBLE_TIME_SCALE"] = repr(config.time_scale)
     if spec.per_gpu:
         env[PER_GPU_VAR] = "1"
+    return env
+
+
+def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec, node: str,
+                   devices: tuple[str, ...], run_env: dict[str, str]) -> LaunchRequest:
+    """A run of `job_id` on `devices` of `node`; `run_env` says which run (and its GPUs)."""
+    jdir = files.dir(job_id)
+    env = {**_job_env(config, files, job_id, spec, node), **run_env}
     # no shell runs the command: its $MARBLE_GPUS (torchrun --nproc-per-node) is read here
     argv = expand_run_vars(spec.command, env) or (sys.executable, "-m", "marbled.worker.emulate")
     run_id = run_env.get("MARBLE_RUN_ID")  # none yet for a prestarted process
@@ -39,6 +46,22 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
     # it runs where it was submitted from (a job of an older broker: in its own directory)
     return LaunchRequest(tuple(argv), env, node, devices, jdir, out,
                          err, cwd=Path(spec.chdir) if spec.chdir else None, per_gpu=spec.per_gpu)
+
+
+def not_prestartable(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec,
+                     node: str) -> str | None:
+    """Why the job's next run cannot be prestarted, or None. Its command is filled in when
+    its process is exec'd, and a prestarted process is exec'd before its go: a command that
+    names a $MARBLE_ variable only a run's launch gives (its GPU count, run id, role, share,
+    launch time; torchrun --nproc-per-node='$MARBLE_GPUS') would run with it unfilled, or
+    with a guess the go may contradict. Such a job is launched when its GPUs are free."""
+    known = _job_env(config, files, job_id, spec, node)
+    late = sorted({m.group(1) or m.group(2) for word in spec.command if "$" in word
+                   for m in RUN_VAR.finditer(word)} - known.keys())
+    if not late:
+        return None
+    return (f"job {job_id} is not prestarted: its command names "
+            f"{', '.join('$' + name for name in late)}, known only when its run is launched")
 
 
 def start_failure(request: LaunchRequest, exc: OSError) -> str:

@@ -28,7 +28,7 @@ from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
-from marbled.daemon.requests import launch_request, start_failure
+from marbled.daemon.requests import launch_request, not_prestartable, start_failure
 from marbled.daemon.workfiles import JobFiles
 from marbled.worker.protocol import STANDBY_VAR
 
@@ -99,6 +99,18 @@ class Runs:
         return start_step
 
     async def _launch(self, action: Start, run_id: int, start_step: int) -> None:
+        """Start the run's process; whatever goes wrong fails the run, with the reason, and
+        frees its GPUs (lifecycle I3: never `running` with no process and no launch)."""
+        try:
+            await self._start_process(action, run_id, start_step)
+        except Exception as exc:  # noqa: BLE001 (any failure ends the run, visibly)
+            log.exception("job %d: run %d could not be started", action.job, run_id)
+            self.launching.discard(action.job)
+            if action.job not in self.live:
+                self._start_failed(action.job, run_id,
+                                   f"could not start: {type(exc).__name__}: {exc}")
+
+    async def _start_process(self, action: Start, run_id: int, start_step: int) -> None:
         job_id = action.job
         nodes = self.config.nodes
         devices = tuple(nodes[action.node][g] for g in action.gpus)
@@ -129,13 +141,17 @@ class Runs:
                 except OSError as exc:
                     self._start_failed(job_id, run_id, start_failure(request, exc))
                     return
+                except (ValueError, UnicodeError) as exc:  # a NUL, a lone surrogate
+                    self._start_failed(job_id, run_id, f"could not start {request.argv[0]!r}: "
+                                       f"{exc} (change the job's command or environment)")
+                    return
         finally:
             self.launching.discard(job_id)
         placed_by_launcher = hasattr(handle, "placement")  # the batch system picks the GPUs
+        live = LiveRun(job_id, run_id, handle, start_step)
+        self.watch(live)  # first: whatever fails below, its exit is still seen
         self.ledger.run_process(run_id, handle.pid, handle.pid_start,
                                 None if placed_by_launcher else devices)
-        live = LiveRun(job_id, run_id, handle, start_step)
-        self.watch(live)
         if placed_by_launcher:
             self._spawn(self._record_placement(job_id, run_id, handle))
         if job_id in self._cancel_pending:  # cancelled while its process was being started
@@ -177,6 +193,10 @@ class Runs:
                 or not self.files.waits_for_go(job.id, once_training):
             return
         go, spec = self.files.go_file(job.id), self.specs[job.id]
+        why = not_prestartable(self.config, self.files, job.id, spec, job.placement.node)
+        if why:  # its command is filled in at exec, and only the go knows its GPU count
+            self.standby.decline(job.id, why)
+            return
         self.files.clear_standby_logs(job.id)
         request = launch_request(
             self.config, self.files, job.id, spec, job.placement.node, (),
@@ -187,15 +207,18 @@ class Runs:
     # ------------------------------------------------------------ suspension and stops
 
     def suspend(self, job: Job, reason: str) -> None:
-        """Ask a running job to checkpoint and exit (a job that cannot checkpoint is stopped);
-        one whose process is still being started is asked once it has started."""
+        """Ask a running job to checkpoint and exit, whatever its GPU count (lifecycle I1); one
+        whose run has not reported is stopped; one whose process is still being started is
+        asked once it has started."""
         live = self.live.get(job.id)
         if live is None:
             self._suspend_pending[job.id] = reason
             return
         live.reason = reason
-        if not job.malleable:
-            # A rigid job cannot checkpoint: stop it; it will start again from scratch.
+        if not self.reported(live) and not job.malleable:
+            # No report yet: a protocol job restores and reports before its first step, so
+            # this run has trained nothing a checkpoint could keep; a plain command never
+            # reports and cannot checkpoint. Either way waiting for an answer only delays.
             self.stop(live, reason)
             return
         now = live.asked_at = self.clock.time()
@@ -205,6 +228,10 @@ class Runs:
         live.timers.append(call_later(self.clock, self.config.suspend_timeout,
                                       lambda: self._no_ack(live)))
         self._look_for_acks()
+
+    def reported(self, live: LiveRun) -> bool:
+        """Has the run reported progress (it speaks the worker protocol and has restored)?"""
+        return bool(self.files.progress(live.job_id, live.run_id))
 
     def expect_ack(self, live: LiveRun) -> None:
         """A run a restarted broker adopts while it was being suspended: escalate as usual."""
@@ -352,7 +379,12 @@ class Runs:
                 retry_at = now + delay
                 why = f"{why}; retry {failures + 1} of {spec.retries} in {delay:g} s"
                 extra["retry_in"] = delay
-        return RunEnd(end.outcome, why, end.end_step), retry_at, extra
+        end_step = end.end_step
+        if retry_at is not None and live.acked is None:
+            # Its last report is not a checkpoint: the retry resumes from whatever checkpoint
+            # there is, and its first report says which (as after a stop by force).
+            end_step, extra["last_reported_step"] = None, end.end_step
+        return RunEnd(end.outcome, why, end_step), retry_at, extra
 
     def _check_restored(self, live: LiveRun, extra: dict) -> None:
         """A job that could not use the checkpoint it acknowledged: say so, never silently."""

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from marbled.core.errors import Never, NotFound
-from marbled.core.explain import reasons
+from marbled.core.explain import RUN_STARTS, reasons
 from marbled.core.learning import LearnedBook
 from marbled.core.model import JobState
 from marbled.core.profiles import ProfileBook, model_key
@@ -48,6 +48,9 @@ class Views:
                       for n, d in b.config.nodes.items()},
             "jobs": counts,
             "draining": b.draining,
+            # ok: the store takes writes; else why not, what to free, and the writes held
+            "storage": {"ok": b.ledger.fault is None, "reason": b.ledger.fault,
+                        "held": b.ledger.held},
             "started_at": b.started_at,
             "time_scale": b.config.time_scale,
         }
@@ -160,12 +163,25 @@ class Views:
         waiting = job is not None and job.state in (JobState.QUEUED, JobState.SUSPENDED)
         start = next((f["start_at"] for f in (await self.forecast())["jobs"]
                       if f["id"] == job_id), None) if waiting else None
-        view["reasons"] = reasons(job, b.state, b.policy, now,
-                                  [(e["kind"], e["data"] or {}) for e in view["events"]],
+        view["reasons"] = reasons(job, b.state, b.policy, now, self._history(job_id, view),
                                   start, self._aim(rows[0], job),
                                   b.config.time_scale if rows[0].emulate else 1.0) if job else \
             [f"it has ended ({view['state']})"]
         return view
+
+    def _history(self, job_id: int, view: dict) -> list[tuple[str, dict]]:
+        """The job's events for `reasons`, each run's start with the step the run itself
+        says it restored (`restored`): its row once it has ended, its progress report while
+        it runs (none before its first report)."""
+        restored = {r["id"]: r["start_step"] for r in view["runs"] if r["ended_at"] is not None}
+        for r in view["runs"]:
+            if r["ended_at"] is None:
+                step = self.broker.files.progress(job_id, r["id"]).get("start_step")
+                if step is not None:
+                    restored[r["id"]] = step
+        return [(e["kind"], {**(e["data"] or {}), "restored": restored[e["run_id"]]}
+                 if e["kind"] in RUN_STARTS and restored.get(e["run_id"]) is not None
+                 else e["data"] or {}) for e in view["events"]]
 
     async def log(self, job_id: int, run_id: int | None, stream: str, offset: int,
                   limit: int, lines: int | None, rank: int | None = None) -> dict:

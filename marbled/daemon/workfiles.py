@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from marbled.batch.ranks import rank_prefix
+from marbled.batch.supervise import exit_file_name, read_exit
 from marbled.core.failures import TAIL_BYTES, tail
 from marbled.worker.protocol import (
     ACK_FILE,
@@ -25,6 +26,7 @@ from marbled.worker.protocol import (
 )
 
 LOG_STREAMS = ("stdout", "stderr")
+EXIT_PREFIX = exit_file_name("")[:-len(".json")]  # "exit-": the runs' exit files
 NO_OUTPUT = {"offset": 0, "next_offset": 0, "size": 0, "text": ""}
 
 
@@ -83,9 +85,21 @@ class JobFiles:
         except FileExistsError:
             for stale in (ACK_FILE, PROGRESS_FILE, SUSPEND_FILE):
                 (jdir / stale).unlink(missing_ok=True)
+            # the exit files of the job's earlier runs: each run's end is recorded by now
+            for name in os.listdir(jdir):
+                if name.startswith(EXIT_PREFIX) and name.endswith(".json"):
+                    (jdir / name).unlink(missing_ok=True)
             self.checkpoints(job_id).mkdir(exist_ok=True)
             return
         os.mkdir(self.checkpoints(job_id))
+
+    def exit_file(self, job_id: int, run_id: int) -> Path:
+        """Where the run's supervisor records its exit status (marbled.batch.supervise)."""
+        return self.dir(job_id) / exit_file_name(run_id)
+
+    def exit_code(self, job_id: int, run_id: int) -> int | None:
+        """The run's exit code as its supervisor recorded it; None if it recorded none."""
+        return read_exit(self.dir(job_id), run_id)
 
     def forget(self, job_id: int) -> None:
         """The job has ended: its last report need not be kept."""

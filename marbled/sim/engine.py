@@ -4,6 +4,10 @@ Progress follows the profile curves; a launch costs its model's `startup_s`
 before the first step (interpreter, framework, restore) and a suspension its
 `suspend_s` between the request and the exit (the checkpoint), both with the
 GPUs held; `launch_s` and `suspend_s`, when given, override every model's.
+As in the daemon (lifecycle I6), a policy's suspension of a run before its first step
+(while its start-up lasts) is not taken: the policy decides again at that first step
+(`core.decision.starting_up`). With `learning`, a run tells its model's start-up and
+suspension costs as it tells its throughput, and the curves the policy reads carry them.
 Time is virtual: a job set of the paper runs in microseconds, ten
 thousand jobs on 64 nodes in seconds (`benchmarks/simulator_speed.py`).
 
@@ -18,7 +22,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from marbled.core.decision import RunawayPolicy, settle
+from marbled.core.decision import RunawayPolicy, settle, starting_up
 from marbled.core.learning import LearnedBook, Learning
 from marbled.core.model import Job, JobState, Node, Placement, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
@@ -292,10 +296,13 @@ class Simulator:
                                     lv.run_start, t, round(lv.start_step), round(at_step),
                                     reason, job.placement.share, job.placement.others))
             # (the daemon's learner skips multi-node runs too: their speed is no count's)
-            if self.learning and t > lv.progress_from and job.placement.share == 1 \
-                    and job.nodes == 1:
+            if self.learning and job.nodes == 1 and t >= lv.progress_from:
                 model = arrivals[job_id - 1].spec.model
-                told.record(model, "throughput", lv.rate, len(job.gpus))
+                told.record(model, "startup", lv.progress_from - lv.run_start)
+                if reason == "suspended":
+                    told.record(model, "suspend", lv.suspend_s)
+                if t > lv.progress_from and job.placement.share == 1:
+                    told.record(model, "throughput", lv.rate, len(job.gpus))
                 aim = told.target(model, self.gpus_per_node)
                 for other in of_model[model]:
                     state.resize(other, aim.count, self._costed(told.lookup(model)), aim.move)
@@ -304,6 +311,23 @@ class Simulator:
         # A livelock guard: a job reshaped twice at one instant, or more events at one instant
         # than the jobs can make (each arrives, starts, is suspended once, resumes and ends).
         reshaped: dict[int, float] = {}
+        waits: set[float] = set()  # the first steps of runs whose reshape waits for them
+
+        def first_step(job_id: int) -> float:
+            """When a run has trained its first step (a worker reports it then)."""
+            return live[job_id].progress_from + 1.0 / live[job_id].rate
+
+        def starts_up(action) -> bool:
+            """A policy's suspension of a run before its first step: not taken, and decided
+            again at that step (lifecycle I6, as the daemon does)."""
+            if not starting_up(action, state, lambda j: t >= first_step(j)):
+                return False
+            at = first_step(action.job)
+            if at not in waits:
+                waits.add(at)
+                heapq.heappush(heap, (at, -1, 0, "tick"))
+            return True
+
         at_once, most_at_once, last_job = 0, 4 * len(arrivals) + 16, 0
         while True:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
@@ -314,7 +338,7 @@ class Simulator:
                 done[next_arrival] = 0.0
             # Ends at one instant are taken together before the policy decides, as the daemon
             # sees the exits that come together in one wake.
-            for action, job in (() if together else settle(self.policy, state, t)):
+            for action, job in (() if together else settle(self.policy, state, t, starts_up)):
                 if isinstance(action, Start):
                     spec = arrivals[job.id - 1].spec
                     real = self._costed(truth.lookup(spec.model))
@@ -385,7 +409,8 @@ class Simulator:
                 completion[who] = t
             else:
                 # The checkpoint holds the last whole step reached before the request.
-                reached = math.floor(lv.steps_at(lv.stop_at - lv.suspend_s))
+                # (a step ended at the request counts: float error must not lose it)
+                reached = math.floor(lv.steps_at(lv.stop_at - lv.suspend_s) + 1e-9)
                 done[who] = float(reached)
                 overhead += lv.suspend_s * _held(state.jobs[who].placement)
                 end_run(who, "suspended", reached)

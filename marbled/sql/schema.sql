@@ -106,6 +106,17 @@ CREATE TABLE samples (
 );
 CREATE INDEX ix_samples_model ON samples (model);
 
+-- Submissions sent with an idempotency key (POST /v1/jobs' Idempotency-Key header, or its
+-- client_token): a retry with the same key is answered with these jobs, not submitted again.
+CREATE TABLE requests (
+	"key" VARCHAR(255) NOT NULL,
+	digest VARCHAR(64) NOT NULL,    -- sha256 of the jobs submitted (the same key, other jobs: 409)
+	first_job INTEGER NOT NULL,     -- its jobs: ids first_job .. first_job + jobs - 1
+	jobs INTEGER NOT NULL,
+	at FLOAT NOT NULL,              -- when it was submitted
+	PRIMARY KEY ("key")
+);
+
 -- Broker settings of the last start: schema_version, policy, profile, nodes, ...
 CREATE TABLE meta (
 	"key" VARCHAR(64) NOT NULL,

@@ -8,10 +8,11 @@ neither. `sql/schema.sql` mirrors these tables for staff.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from collections import namedtuple
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from sqlalchemy.pool import StaticPool
 from marbled.core.spec import JobSpec
 
 SCHEMA_VERSION = 8
+# (A new table needs no new version: create_all makes it at any start, and an older marbled
+# leaves it alone; the requests table came so.)
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -155,6 +158,18 @@ class SampleRow(Base):
     run_id: Mapped[int | None] = mapped_column(Integer)
 
 
+class RequestRow(Base):
+    """A submission sent with an idempotency key (POST /v1/jobs' Idempotency-Key): a retry
+    with the key is answered with these jobs, not submitted again."""
+
+    __tablename__ = "requests"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))  # request_digest() of what was submitted
+    first_job: Mapped[int] = mapped_column(Integer)  # its jobs: first_job, first_job + 1, ...
+    jobs: Mapped[int] = mapped_column(Integer)  # ... how many
+    at: Mapped[float] = mapped_column(Float)
+
+
 class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -189,6 +204,9 @@ class Store:
         with self.tx() as s:
             if s.get(MetaRow, "schema_version") is None:
                 s.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+        # key -> [digest, first job id, job count, this broker's answer or None]; read at the
+        # first keyed submission (`requested`)
+        self.requests: dict[str, list] | None = None
 
     @contextmanager
     def tx(self) -> Iterator[Session]:
@@ -270,6 +288,50 @@ class Store:
                 q = q.where(row_type.job_id == job_id)
             return list(s.scalars(q))
 
+    def requested(self, key: str) -> list | None:
+        """The submission made with idempotency key `key`: [digest, first job id, job count,
+        the answer given if this store's broker gave it], or None. The first call reads the
+        keys stored by earlier brokers (only a broker asks: offline readers never do)."""
+        if self.requests is None:
+            with self.tx() as s:
+                # A key is stored before its jobs commit: one whose jobs never did (a crash,
+                # a failed commit) is forgotten, so that its retry submits them
+                s.execute(RequestRow.__table__.delete().where(
+                    RequestRow.first_job + RequestRow.jobs - 1
+                    > select(func.coalesce(func.max(JobRow.id), 0)).scalar_subquery()))
+                self.requests = {r.key: [r.digest, r.first_job, r.jobs, None]
+                                 for r in s.scalars(select(RequestRow))}
+        return self.requests.get(key)
+
+    def request_made(self, key: str, digest: str, first_job: int, jobs: int,
+                     at: float) -> Callable[[sqlite3.Connection], None]:
+        """Remember that `key` submitted jobs first_job...; the write that stores it, to go
+        into the jobs' own transaction (the ledger's `also`): the key and its jobs commit,
+        or are refused, together."""
+        if self.requests is None:
+            self.requested(key)
+        self.requests[key] = [digest, first_job, jobs, None]
+
+        def write(con: sqlite3.Connection) -> None:
+            con.execute("INSERT OR REPLACE INTO requests (key, digest, first_job, jobs, at) "
+                        "VALUES (?, ?, ?, ?, ?)", (key, digest, first_job, jobs, at))
+
+        return write
+
+    def request_answered(self, key: str, answer: tuple) -> None:
+        """The answer to the request made with `key`: (rows, a future done once they are
+        committed). Kept for its retries until then; after, they read the rows stored. If
+        the commit fails, the key is forgotten (its retry submits the jobs again)."""
+        self.requests[key][3] = answer
+
+        def done(future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self.requests.pop(key, None)
+            elif key in self.requests:
+                self.requests[key][3] = None
+
+        answer[1].add_done_callback(done)
+
     def next_job_id(self) -> int:
         with self.tx() as s:
             return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
@@ -287,6 +349,13 @@ def job_spec(row) -> JobSpec:
                    steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
                    name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir,
                    per_gpu=bool(row.per_gpu), nodes_min=row.nodes_min)
+
+
+def request_digest(specs: list[JobSpec]) -> str:
+    """What identifies a submission's content, to tell a retry (same key, same jobs) from
+    a different request that reuses a key."""
+    text = json.dumps([s.to_mapping() for s in specs], sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def placement_columns(parts) -> tuple[str, str]:

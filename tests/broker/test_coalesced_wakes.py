@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from marbled.core.learning import Learning
+from marbled.worker.protocol import PROGRESS_FILE
 from tests.broker.fakes import in_loop, pump, running_broker
 
 SHORT = {"emulate": True, "model": "resnet-50", "steps": 100, "gpus": 1}  # rigid, 1 GPU
@@ -17,25 +19,31 @@ def of_job(h, job: int) -> list:
 
 
 async def answer_suspends(h) -> None:
-    """Play the jobs' part: a run asked to suspend checkpoints and exits at once."""
+    """Play the jobs' part: a run asked to suspend checkpoints and exits at once; one that
+    has said nothing yet reports its first step (lifecycle I6: none is reshaped before)."""
     for run in h.launcher.runs:
         if run.signals[-1:] == ["SIGTSTP"] and not run._exit.done():
             run.acknowledge(1)
             run.exit(0)
+        elif not run._exit.done() and not (run.run_dir / PROGRESS_FILE).exists():
+            run.report(1, at=h.clock.time(), first_step_at=h.clock.time())
     await pump()
 
 
 async def long_job_counts(tmp_path, coalesce_s: float, reshape_window: float = 1.0,
-                          ) -> tuple[list[int], list[str]]:
+                          **config) -> tuple[list[int], list[str]]:
     """The GPU counts of the long job's runs when the three 1-GPU jobs beside it end 3 ms
     apart (on the broker's clock and in real time), and the long job's events."""
     async with running_broker(tmp_path, policy="adaptive", gpus=4, coalesce_s=coalesce_s,
-                              reshape_window=reshape_window, time_scale=0.001) as h:
+                              reshape_window=reshape_window, time_scale=0.001,
+                              **config) as h:
         shorts = [h.submit(**SHORT) for _ in range(3)]
         long = h.submit(**LONG)
         await pump()
         assert [len(r.request.devices) for r in of_job(h, long)] == [1]
+        await h.clock.advance(0.006)  # past its start-up (assumed 5 s: 5 ms on this clock)
         for job in shorts:
+            await answer_suspends(h)  # the long job's run trains: it may be reshaped
             await h.clock.advance(0.003)
             (run,) = of_job(h, job)
             run.exit(0)
@@ -56,8 +64,10 @@ async def test_a_job_is_resized_once_when_its_neighbours_end_a_few_ms_apart(tmp_
 
 @in_loop
 async def test_without_the_quiet_period_nor_the_guard_it_is_resized_at_every_end(tmp_path):
-    """The chain the quiet period prevents, so the test above can fail."""
-    counts, _ = await long_job_counts(tmp_path, coalesce_s=0.0, reshape_window=0.0)
+    """The chain the quiet period prevents, so the test above can fail (with a start-up
+    that costs nothing: each run trains at once, and may be reshaped at the next end)."""
+    counts, _ = await long_job_counts(tmp_path, coalesce_s=0.0, reshape_window=0.0,
+                                      learning=Learning(startup_s=None))
     assert counts == [1, 2, 3, 4]
 
 

@@ -35,10 +35,10 @@ async def test_submissions_of_one_round_share_one_commit_and_wait_for_it(tmp_pat
         await pump()
         log = _commits(h.broker.ledger.db)
         answers = [h.broker.submit_grouped([ONE] * k) for k in (1, 2, 3)]
-        assert [[r.id for r in rows] for rows, _ in answers] == [[2], [3, 4], [5, 6, 7]]
-        assert not any(done.done() for _, done in answers)
+        assert [[r.id for r in rows] for rows, _, _ in answers] == [[2], [3, 4], [5, 6, 7]]
+        assert not any(done.done() for _, done, _ in answers)
         assert _stored(h) == [1]  # nothing is durable yet, so nothing was answered
-        await asyncio.gather(*(done for _, done in answers))
+        await asyncio.gather(*(done for _, done, _ in answers))
         assert _stored(h) == [1, 2, 3, 4, 5, 6, 7]
         assert [s for s in log if s in ("BEGIN", "COMMIT")] == ["BEGIN", "COMMIT"]
         assert [e.kind for e in h.store.events()].count("submitted") == 7
@@ -49,9 +49,9 @@ async def test_a_later_submission_of_the_group_may_name_an_earlier_one(tmp_path)
     async with running_broker(tmp_path) as h:
         h.broker.submit([HOLDER])
         await pump()
-        first, done1 = h.broker.submit_grouped([JobSpec.from_mapping(
+        first, done1, _ = h.broker.submit_grouped([JobSpec.from_mapping(
             {"gpus": 1, "command": ["true"], "name": "a"})])
-        second, done2 = h.broker.submit_grouped([JobSpec.from_mapping(
+        second, done2, _ = h.broker.submit_grouped([JobSpec.from_mapping(
             {"gpus": 1, "command": ["true"], "after": "a"})])
         await asyncio.gather(done1, done2)
         assert second[0].after == [first[0].id]
@@ -60,7 +60,7 @@ async def test_a_later_submission_of_the_group_may_name_an_earlier_one(tmp_path)
 @in_loop
 async def test_any_write_commits_the_waiting_submissions_first(tmp_path):
     async with running_broker(tmp_path) as h:
-        rows, done = h.broker.submit_grouped([ONE])
+        rows, done, _ = h.broker.submit_grouped([ONE])
         h.broker.decide()  # starts the job: its run row needs the job's row
         assert done.done() and done.exception() is None
         assert h.store.runs(rows[0].id)
@@ -92,8 +92,8 @@ async def test_a_failed_group_commit_answers_no_one_and_stops_the_broker(tmp_pat
             h.broker.ledger.db.execute(  # the store refuses the next job (as a full disk would)
                 "CREATE TRIGGER refuse BEFORE INSERT ON jobs WHEN NEW.name = 'boom' "
                 "BEGIN SELECT RAISE(ABORT, 'no space left'); END")
-            _, fine = h.broker.submit_grouped([ONE])
-            _, boom = h.broker.submit_grouped([JobSpec.from_mapping(
+            _, fine, _ = h.broker.submit_grouped([ONE])
+            _, boom, _ = h.broker.submit_grouped([JobSpec.from_mapping(
                 {"gpus": 1, "command": ["true"], "name": "boom"})])
             for done in (fine, boom):  # one group: neither is answered
                 try:

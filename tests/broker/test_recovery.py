@@ -93,7 +93,8 @@ async def test_a_crash_without_a_checkpoint_takes_its_end_step_from_where_the_ne
     async with restarted(tmp_path, report=400) as (h, job, launcher):  # then it died
         first = h.runs(job)[0]
         assert (first.end_reason, first.end_step) == ("suspended", None)  # not known yet
-        assert reason(h, job).startswith(f"{RECOVERED}: ended without acknowledging")
+        assert reason(h, job).startswith(f"{RECOVERED}: outcome unknown: run again from "
+                                         "its last checkpoint")
         resumed = launcher.runs[-1]
         resumed.report(1000, start_step=350)  # its last checkpoint was at 350
         resumed.exit(0)

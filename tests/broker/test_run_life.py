@@ -158,9 +158,10 @@ async def test_drain_while_a_process_is_being_started_suspends_it_once_started(t
 
 
 @in_loop
-async def test_reshape_while_the_process_is_being_started_suspends_it_once_started(tmp_path):
+async def test_reshape_while_the_process_is_being_started_waits_for_its_first_step(tmp_path):
     """A policy may move a job whose process is still starting (malleable with no guard: a
-    newcomer's share); the broker asks it once it runs, instead of failing on it."""
+    newcomer's share); the broker neither fails on it nor takes it before the run reports
+    its first step (lifecycle I6), and asks it then."""
     launcher = FakeLauncher(hold=asyncio.Event())
     async with running_broker(tmp_path, launcher=launcher, policy="malleable",
                               options={"preempt_guard": 0.0}) as h:
@@ -170,10 +171,14 @@ async def test_reshape_while_the_process_is_being_started_suspends_it_once_start
         await h.clock.advance(1.0)  # malleable reshapes no run at the instant it started
         h.submit(model="inception-v3", steps=3000, command=["train"])  # shares: 3 and 3
         await pump()
-        assert h.job(first).state is JobState.SUSPENDING and not h.task.done()  # alive
+        assert h.job(first).state is JobState.RUNNING and not h.task.done()  # alive, held
         launcher.hold.set()
         await pump()
         run = launcher.runs[0]
+        await h.clock.advance(1.0)
+        assert run.signals == [] and "reshape-held" in h.events(first)  # still starting up
+        run.report(0, at=h.clock.time(), first_step_at=h.clock.time())
+        await h.clock.advance(1.0)  # looked at again each monitor interval
         assert run.signals == ["SIGTSTP"]
         run.acknowledge(0)
         run.exit(0)
@@ -191,6 +196,27 @@ async def test_launch_failure_fails_the_job_and_says_why(tmp_path):
         assert h.job(job).state is JobState.FAILED
         (failed,) = [e for e in h.store.events(job) if e.kind == "failed"]
         assert "could not start 'train'" in failed.data["detail"]
+
+
+@pytest.mark.parametrize("error", [ValueError("embedded null byte"),
+                                   UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"),
+                                   RuntimeError("a bug in a launcher")])
+@in_loop
+async def test_any_launch_failure_fails_the_run_and_frees_its_gpus(tmp_path, error):
+    """Lifecycle I3: whatever a launch raises, the run fails with the reason, its GPUs go to
+    the next job, and nothing is left `running` (before: the job stayed running forever)."""
+    launcher = FakeLauncher(fail=error)
+    async with running_broker(tmp_path, launcher=launcher) as h:
+        job = h.submit(**{**JOB, "gpus": 6})
+        await pump()
+        assert h.job(job).state is JobState.FAILED and not h.job(job).gpus
+        (failed,) = [e for e in h.store.events(job) if e.kind == "failed"]
+        assert type(error).__name__ in failed.data["detail"] or "could not start" in \
+            failed.data["detail"]
+        launcher.fail = None
+        second = h.submit(**{**JOB, "gpus": 6})
+        await pump()
+        assert h.job(second).state is JobState.RUNNING
 
 
 @in_loop
@@ -260,6 +286,7 @@ async def test_time_slices_end_on_a_timer(tmp_path):
         third = h.submit(command=["c"], model="resnet-50", steps=10**6)
         await pump()
         assert h.job(third).state is JobState.QUEUED
+        h.launcher.runs[0].report(1, first_step_at=h.clock.time())  # trains (lifecycle I6)
         await h.clock.advance(99)
         assert h.launcher.runs[0].signals == []
         await h.clock.advance(1)

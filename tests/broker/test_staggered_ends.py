@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from marbled.core.learning import Learning
 from tests.broker.fakes import in_loop, pump, running_broker
 from tests.broker.test_coalesced_wakes import answer_suspends, of_job
 
@@ -18,6 +19,9 @@ KINDS = {"emulate": {"emulate": True}, "command": {"command": ["./train.sh"]}}
 SHORT = {"model": "resnet-50", "steps": 100, "gpus": 1}  # rigid, 1 GPU
 LONG = {"model": "inception-v3", "steps": 100_000}  # fastest on 4 GPUs
 GAP = 0.03  # real seconds between two ends: three times the quiet period
+# a start-up known to cost nothing (else 5 s are assumed, real seconds for a command and at
+# time scale 1, and no run is moved before: the long job here is moved 0.1 s after its start)
+FREE_START = Learning(startup_s=None)
 
 
 async def beside_three_short_jobs(h, kind: str, reports: bool = True) -> tuple[list, int]:
@@ -29,6 +33,7 @@ async def beside_three_short_jobs(h, kind: str, reports: bool = True) -> tuple[l
     await pump()
     assert [len(r.request.devices) for r in of_job(h, long)] == [1]
     began = h.clock.time()
+    of_job(h, long)[0].report(0, at=began, first_step_at=began)  # it trains (lifecycle I6)
     await h.clock.advance(0.1)
     runs = [of_job(h, job)[0] for job in shorts]
     if reports:
@@ -55,7 +60,8 @@ async def end_apart(h, runs: list, gap: float = GAP) -> None:
 @in_loop
 async def test_a_job_grows_once_when_its_neighbours_end_30_ms_apart(tmp_path, kind):
     async with running_broker(tmp_path, policy="adaptive", gpus=4, coalesce_s=0.01,
-                              coalesce_max_s=0.5, time_scale=0.001) as h:
+                              coalesce_max_s=0.5, time_scale=0.001,
+                              learning=FREE_START) as h:
         runs, long = await beside_three_short_jobs(h, kind)
         await end_apart(h, runs)
         assert [len(r.request.devices) for r in of_job(h, long)] == [1, 4]
@@ -67,7 +73,8 @@ async def test_without_a_forecast_each_end_is_a_decision(tmp_path):
     """The chain the forecast prevents, so the test above can fail: no progress reports, and
     by the profile the short jobs have 30 s to go (time scale 1), so none is waited for."""
     async with running_broker(tmp_path, policy="adaptive", gpus=4, coalesce_s=0.01,
-                              coalesce_max_s=0.5, reshape_window=0.0, time_scale=1.0) as h:
+                              coalesce_max_s=0.5, reshape_window=0.0, time_scale=1.0,
+                              learning=FREE_START) as h:
         runs, long = await beside_three_short_jobs(h, "emulate", reports=False)
         await end_apart(h, runs, gap=0.1)  # (a busy loop cannot take two ends as one)
         counts = [len(r.request.devices) for r in of_job(h, long)]
@@ -91,7 +98,7 @@ async def test_a_decision_waits_for_runs_due_at_most_coalesce_max_s(tmp_path, ot
     bound = 0.3
     async with running_broker(tmp_path, policy="adaptive", gpus=4, coalesce_s=0.01,
                               coalesce_max_s=bound, time_scale=0.001 if others_due else 1.0,
-                              ) as h:
+                              learning=FREE_START) as h:
         runs, long = await beside_three_short_jobs(h, "emulate", reports=others_due)
         runs[0].exit(0)
         waited = await until_asked_to_suspend(of_job(h, long)[0], limit=5.0)

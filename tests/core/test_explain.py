@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from marbled.core.explain import reasons
 from marbled.core.model import Job, JobState, Placement, Role, Start, State, Suspend
 from marbled.core.policy import POLICIES, get_policy
 
@@ -69,3 +70,89 @@ def test_policy_settings_are_checked_by_the_policy():
     with pytest.raises(ValueError, match="--preempt-guard must be at least 0"):
         get_policy("malleable", preempt_guard=-1)
     assert get_policy("elastic", grow_after=5, time_slice=9).grow_after == 5.0  # others ignored
+
+
+# reasons() from a job's recorded events (core.explain; what `marble explain` prints)
+
+def _retried(*extra: tuple[str, dict], restored: int | None = None) -> list[tuple[str, dict]]:
+    """A run that reported step 20 and failed without a checkpoint, then its retry (whose
+    start the broker recorded at the failed run's last step)."""
+    resumed = {"gpus": [0, 1], "role": "primary", "step": 20}
+    if restored is not None:
+        resumed["restored"] = restored
+    return [("started", {"gpus": [0, 1], "role": "primary", "step": 0}),
+            ("failed", {"step": 20, "detail": "exited with code 1; retry 1 of 1 in 30 s"}),
+            ("resumed", resumed), *extra]
+
+
+def _ended(state: State, job_id: int) -> Job:
+    state.finished(job_id, JobState.DONE)
+    return state.jobs[job_id]
+
+
+def test_a_retry_without_a_checkpoint_is_not_said_to_resume_from_the_failed_step():
+    state = _state(Job(1, 2, True))
+    job, marble = _ended(state, 1), get_policy("marble")
+    # before the retry's first report: where it restarts is not known yet
+    lines = reasons(job, state, marble, 0.0, _retried())
+    assert "its runs: 2 GPUs (primary) from step 0 -> 2 GPUs (primary) from its last " \
+           "checkpoint" in lines
+    # its report (the view adds it) says it restored step 0; the broker's fallback record
+    # is no warning about an acknowledged checkpoint: none was acknowledged
+    fallback = ("checkpoint-fallback", {"expected": 20, "restored": 0, "detail": "..."})
+    lines = reasons(job, state, marble, 0.0, _retried(fallback, restored=0))
+    assert "its runs: 2 GPUs (primary) from step 0 -> 2 GPUs (primary) from step 0" in lines
+    assert not any("acknowledged:" in line for line in lines)
+    assert "a run restarted from step 0: the run before it acknowledged no checkpoint (its " \
+           "last known step: 20), so steps 1-20 ran again" in lines
+
+
+def test_a_checkpoint_older_than_the_acknowledged_one_is_still_a_warning():
+    state = _state(Job(1, 2, True))
+    events = [("started", {"gpus": [0], "role": "secondary", "step": 0}),
+              ("suspend-requested", {"reason": "promote"}),
+              ("acknowledged", {"step": 50}), ("suspended", {"step": 50}),
+              ("resumed", {"gpus": [0, 1], "role": "primary", "step": 50, "restored": 40}),
+              ("checkpoint-fallback", {"expected": 50, "restored": 40})]
+    lines = reasons(_ended(state, 1), state, get_policy("marble"), 0.0, events)
+    assert "its runs: 1 GPU (secondary) from step 0 -> 2 GPUs (primary) from step 40" in lines
+    assert "suspended 1 time(s): promote" in lines
+    assert any(line.startswith("a run restored an older checkpoint than the one "
+                               "acknowledged") for line in lines)
+
+
+def test_a_job_in_retry_back_off_is_told_once_when_it_starts():
+    state = _state(Job(1, 2, True))
+    state.apply(Start(1, "node0", (0, 1), Role.PRIMARY))
+    job = state.suspended(1, not_before=33.0)
+    marble = get_policy("marble")
+    lines = reasons(job, state, marble, 20.0, _retried()[:2], expected_start=20.2)
+    assert lines[0] == "it waits out its retry back-off (13 s left)"
+    assert not any("should start" in line for line in lines), lines
+    # GPUs busy beyond the back-off: the forecast's later start, said as such
+    lines = reasons(job, state, marble, 20.0, _retried()[:2], expected_start=80.0)
+    assert "it should start in about 60 s, after its back-off (simulated from now)" in lines
+    # the back-off over: the forecast alone
+    lines = reasons(job, state, marble, 40.0, _retried()[:2], expected_start=40.2)
+    assert "it should start within a second (simulated from now)" in lines
+
+
+def test_only_checkpointed_suspensions_are_counted_as_suspensions():
+    state = _state(Job(1, 2, True))
+    outran = [("started", {"gpus": [0], "role": "secondary", "step": 0}),
+              ("suspend-requested", {"reason": "promote"}),
+              ("done", {"step": 100, "detail": "done before it saw the suspension"})]
+    lines = reasons(_ended(state, 1), state, get_policy("marble"), 0.0, outran)
+    assert not any(line.startswith("suspended") for line in lines), lines
+    assert "asked to suspend 1 time(s), but its run ended first: promote: done before it " \
+           "saw the suspension" in lines
+    forced = [("started", {"gpus": [0], "role": "secondary", "step": 0}),
+              ("suspend-requested", {"reason": "shutdown"}),
+              ("suspended", {"step": None, "detail": "shutdown: stopped without a checkpoint"}),
+              ("resumed", {"gpus": [0], "role": "secondary", "step": 0})]
+    lines = reasons(state.jobs[1], state, get_policy("marble"), 0.0, forced)
+    assert not any(line.startswith("suspended") for line in lines), lines
+    assert "stopped without a checkpoint 1 time(s) (asked to suspend, it acknowledged none): " \
+           "shutdown" in lines
+    assert "its runs: 1 GPU (secondary) from step 0 -> 1 GPU (secondary) from its last " \
+           "checkpoint" in lines

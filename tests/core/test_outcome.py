@@ -35,15 +35,14 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
     # adopted after a broker restart: no exit code
     ({"code": None, "progress_step": 1000}, JobState.DONE, "done", 1000),
     ({"code": None, "progress_step": 400}, JobState.SUSPENDED,
-     "exit not observed; resumes from its checkpoint (last reported step 400)", None),
+     "outcome unknown: run again from its last checkpoint (last reported step 400)", None),
     ({"code": None, "ack": ACK, "reason": "broker restart"}, JobState.SUSPENDED,
      "broker restart", 120),
     # ... asked to suspend, it finished first: done, not a suspension with no end step
     ({"code": None, "suspending": True, "progress_step": 1000}, JobState.DONE, "done", 1000),
     # ... it never reported, so never restored: it ends where it started
     ({"code": None, "start_step": 300}, JobState.SUSPENDED,
-     "exit not observed; resumes from its checkpoint (no step reported: resumes from step "
-     "300)", 300),
+     "outcome unknown: run again from step 300 (no step reported)", 300),
     # a forced stop of a run that never reported
     ({"suspending": True, "code": -9, "escalated": True, "start_step": 0}, JobState.SUSPENDED,
      "promote: stopped without a checkpoint (no step reported: resumes from step 0)", 0),
@@ -59,11 +58,21 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
     ({"code": None, "ack": {"run_id": 4, "step": 1000}, "recovered": True}, JobState.DONE,
      "recovered after a broker restart: done (its last report: step 1000)", 1000),
     ({"code": None, "start_step": 300, "recovered": True}, JobState.SUSPENDED,
-     "recovered after a broker restart: ended before its first report; resumes from step "
-     "300", 300),
+     "recovered after a broker restart: outcome unknown: run again from step 300 (no step "
+     "reported)", 300),
     ({"code": None, "progress_step": 400, "start_step": 300, "recovered": True},
-     JobState.SUSPENDED, "recovered after a broker restart: ended without acknowledging a "
-     "checkpoint (last reported step 400); resumes from its last checkpoint", None),
+     JobState.SUSPENDED, "recovered after a broker restart: outcome unknown: run again from "
+     "its last checkpoint (last reported step 400)", None),
+    # ... with the exit its supervisor recorded (I2): the true code, never run again
+    ({"code": 0, "progress_step": 400, "recovered": True}, JobState.DONE,
+     "recovered after a broker restart: done (exited with code 0)", 400),
+    ({"code": 3, "progress_step": 400, "recovered": True}, JobState.FAILED,
+     "recovered after a broker restart: exited with code 3", 400),
+    ({"code": None, "suspending": True, "start_step": 0, "recovered": True},
+     JobState.SUSPENDED, "recovered after a broker restart: outcome unknown: run again", 0),
+    ({"code": -15, "suspending": True, "escalated": True, "start_step": 0, "recovered": True},
+     JobState.SUSPENDED, "recovered after a broker restart: promote: stopped without a "
+     "checkpoint (no step reported: resumes from step 0)", 0),
 ])
 def test_run_outcome(kw, outcome, why, step):
     e = end(**kw)
@@ -72,3 +81,27 @@ def test_run_outcome(kw, outcome, why, step):
 
 def test_unknown_signal_numbers_are_named_by_number():
     assert describe_exit(-200) == "signal 200" and describe_exit(1) == "code 1"
+
+
+# A plain command (no worker protocol: no steps, no reports), adopted after a broker restart.
+PLAIN = {"target_steps": None, "start_step": 0, "reason": "broker restart"}
+
+
+@pytest.mark.parametrize("kw, outcome, why", [
+    # it ended while no broker watched: its supervisor's record says how
+    ({"code": 0, "recovered": True}, JobState.DONE,
+     "recovered after a broker restart: done (exited with code 0)"),
+    ({"code": 1, "recovered": True}, JobState.FAILED,
+     "recovered after a broker restart: exited with code 1"),
+    ({"code": -9, "recovered": True}, JobState.FAILED,
+     "recovered after a broker restart: exited with signal SIGKILL"),
+    # alive when adopted, watched to its end
+    ({"code": 0}, JobState.DONE, "done"),
+    # no record and no process: the only case that runs again, and it says so
+    ({"code": None, "recovered": True}, JobState.SUSPENDED,
+     "recovered after a broker restart: outcome unknown: run again"),
+])
+def test_plain_command_adopted_after_a_restart(kw, outcome, why):
+    e = end(**{**PLAIN, **kw})
+    assert (e.outcome, e.why) == (outcome, why)
+    assert "resumes" not in e.why  # a plain command starts again, it does not resume

@@ -194,11 +194,16 @@ def test_another_user_is_refused_even_through_an_open_socket(daemon_factory):
 
 def test_not_now_and_never_are_told_apart(daemon):
     """409 either way, but `retry` says whether the same request may succeed later."""
+    daemon.submit({"gpus": 1, "command": ["true"]})
+    daemon.wait_all(timeout=30)
+    code, body = raw(daemon, "POST", "/v1/jobs/1/cancel", b"{}")
+    assert (code, body["retry"]) == (409, False) and "already ended" in body["error"]
     daemon.submit({"gpus": 6, "command": ["sleep", "30"]}, {"model": "resnet-50", "steps": 5,
                                                            "command": ["true"]})
-    code, body = raw(daemon, "POST", "/v1/jobs/2/suspend", b"{}")
+    code, body = raw(daemon, "POST", "/v1/jobs/3/suspend", b"{}")
     assert (code, body["retry"]) == (409, True) and "only a running job" in body["error"]
-    code, body = raw(daemon, "POST", "/v1/jobs/1/suspend", b"{}")
-    assert (code, body["retry"]) == (409, False) and "fixed GPU count" in body["error"]
+    daemon.wait_for(lambda: daemon.jobs()[1]["state"] == "running", what="job 2's run")
+    code, body = raw(daemon, "POST", "/v1/jobs/2/suspend", b"{}")  # it may report later
+    assert (code, body["retry"]) == (409, True) and "not reported progress" in body["error"]
     code, body = raw(daemon, "GET", "/v1/jobs/9")
     assert (code, body["retry"]) == (404, False)

@@ -31,7 +31,7 @@ def test_every_kind_of_reason(daemon_factory):
     daemon.wait_all(timeout=30)
     failed = explain(daemon, 1)
     assert failed[0] == "it has ended: failed"
-    assert any("never suspended" in line for line in failed)  # a fixed count
+    assert any("never resized" in line for line in failed)  # a fixed count
     assert any(line.startswith("a run failed: exited with code 3")
                and line.endswith("its stderr ends: ran out of patience") for line in failed)
 

@@ -129,7 +129,7 @@ def test_explain_gives_speeds_in_real_seconds_beside_the_profiled_figure_of_curv
         daemon_factory):
     daemon = daemon_factory("--no-learn")
     daemon.submit({"model": "inception-v3", "steps": 400_000, "emulate": True})
-    daemon.wait_for(lambda: daemon.jobs()[0]["state"] == "running", what="a running job")
+    daemon.wait_for(lambda: daemon.jobs()[0]["rate"], what="a running job's measured rate")
     line = next(r for r in daemon.client.get("/v1/jobs/1")["reasons"]
                 if r.startswith("its curve on"))
     (curve,) = daemon.client.get("/v1/curves?model=inception-v3")["models"]

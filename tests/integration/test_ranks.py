@@ -211,6 +211,14 @@ def _worker_pids(tmp_path: Path, run_id: int, count: int = 2) -> list[int] | Non
     return [int(t) for t in texts] if all(texts) else None
 
 
+def ranks_job(tmp_path: Path, launch: str) -> dict:
+    """A job of the WORKER's ranks: under torchrun, or one process per GPU (`launch`)."""
+    if launch == "torchrun":
+        return {"command": _torchrun(tmp_path)}
+    (tmp_path / "worker.py").write_text(WORKER)
+    return {"command": [sys.executable, "worker.py", "train"], "per_gpu": True}
+
+
 @pytest.mark.parametrize("launch", ["torchrun", "per_gpu"])
 def test_ranks_are_suspended_and_resumed(daemon_factory, tmp_path, launch):
     """torchrun: SIGTSTP to its group alone reaches no worker (each is in its own session),
@@ -218,11 +226,7 @@ def test_ranks_are_suspended_and_resumed(daemon_factory, tmp_path, launch):
     Either way the ranks agree, rank 0 acknowledges, all exit, and the job resumes from that
     step and finishes."""
     pytest.importorskip("torch")
-    if launch == "torchrun":
-        job = {"command": _torchrun(tmp_path)}
-    else:
-        (tmp_path / "worker.py").write_text(WORKER)
-        job = {"command": [sys.executable, "worker.py", "train"], "per_gpu": True}
+    job = ranks_job(tmp_path, launch)
     profile = tmp_path / "two-gpu.yaml"
     profile.write_text(PROFILE)
     # no report before the suspension: the broker's request file, read with each report,
@@ -361,6 +365,10 @@ def test_a_two_node_ddp_job_suspends_resumes_and_retries_a_killed_rank(daemon_fa
     # retry's from `at` on; the steps it retraced have the failed run's losses, bit for bit
     logged = _losses(loss_log)
     lost = next(i for i in range(1, len(logged)) if logged[i][0] <= logged[i - 1][0])
-    assert at < runs[1]["end_step"] <= lost < steps
+    # it acknowledged nothing: it ends where its retry resumed (its last report is in its event)
+    assert runs[1]["end_step"] == at < lost < steps
+    (failed,) = [json.loads(e["data"]) for e in d.query(
+        "SELECT data FROM events WHERE kind = 'failed' AND run_id = ?", runs[1]["id"])]
+    assert at < failed["last_reported_step"] <= lost
     assert [s for s, _ in logged] == [*range(1, lost + 1), *range(at + 1, steps + 1)]
     assert logged[lost:2 * lost - at] == logged[at:lost]

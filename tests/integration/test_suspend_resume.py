@@ -137,7 +137,7 @@ asked = []
 signal.signal(signal.SIGTSTP, lambda *_: asked.append(1))
 ckpt = os.path.join(os.environ["MARBLE_CHECKPOINT_DIR"], "step")
 step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-while step < 300:
+while step < 800:  # 8 s: past the start-up assumed of a model not measured (5 s)
     if asked:
         open(ckpt, "w").write(str(step))
         os.kill(int(os.environ["MARBLE_BROKER_PID"]), signal.SIGUSR1)
@@ -180,7 +180,7 @@ def test_suspend_of_rigid_or_queued_job_is_refused(daemon):
     from marbled.cli.client import ApiError
 
     daemon.submit({"gpus": 6, "command": ["sleep", "30"]}, {"gpus": 1, "command": ["true"]})
-    for job_id, says in ((1, "fixed GPU count"), (2, "only a running job")):
+    for job_id, says in ((1, "has not reported progress"), (2, "only a running job")):
         with pytest.raises(ApiError) as err:
             daemon.client.post(f"/v1/jobs/{job_id}/suspend")
         assert err.value.status == 409 and says in str(err.value)

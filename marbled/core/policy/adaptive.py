@@ -30,7 +30,11 @@ marbled's own policy, for a centre that does not know its load in advance.
 * Reshape only when it pays. A running job moves to its planned count only if
   the time its remaining steps save exceeds its own suspend-and-resume cost by
   `reshape_margin` times; GPUs are taken from it for newcomers only if they gain
-  more than it loses. A job near its end is never moved. A job keeps its node
+  more than it loses. The cost is what the job's curve carries: its model's
+  start-up and suspension as measured on this machine (assumed a few seconds of
+  start-up before any is measured, `core.learning`), and a run that has not
+  reported its first step is not moved at all (lifecycle I6: the drivers hold such
+  a Suspend, `core.decision.starting_up`). A job near its end is never moved. A job keeps its node
   and GPUs while its count stays; a new job goes where it gets its planned count;
   GPUs a node has left go to a job on another node that gets more there, if the
   move pays (no node idles beside a crowded one).

@@ -1,0 +1,171 @@
+"""`python -I -S supervise.py STATUS_FD ARGV...`: the process of every local run, which starts
+ARGV and records how it ended where the next broker finds it.
+
+The broker that started a run may be gone when the run ends (a `kill -9`, a crash): the
+next broker adopts the run, but the run is not its child, so the exit status is not its
+to see. This process is: the leader of the run's own session and process group (as the
+run's process was before), it starts ARGV as its child in that group, waits for it,
+writes `{"run_id", "code", "at", "pid"}` to the run's exit file (`exit_file`: in
+MARBLE_RUN_DIR, named by MARBLE_RUN_ID) atomically and durably, and exits as the child
+did: with its code, or killed by the same signal. `code` is what the broker's outcome
+reads (`core/outcome.py`): the exit code, or minus the signal that ended the child.
+
+- It forwards nothing: the broker signals the whole group (`signal_run`), so the child
+  gets every signal itself. This process outlives SIGTERM, SIGINT, SIGHUP and SIGTSTP
+  (Python handlers, installed before the child starts: the child's exec resets them, so
+  the child gets the default action; a signal this process inherited as ignored stays
+  ignored, for the child too, as it would without it). SIGKILL ends it: no exit file
+  then, as for a run the broker kills, which the broker sees end itself.
+- STATUS_FD: a pipe to the broker, closed once ARGV runs; if ARGV cannot be started, the
+  errno is written to it first and the broker raises the OSError a direct start would.
+- A prestarted process (MARBLE_STANDBY_FILE, no MARBLE_RUN_ID yet) learns its run from its
+  go file, read by a thread while the child waits for it; a cancelled one records
+  nothing.
+
+It runs before every run's command: the standard library's built-in modules only, run by
+path with -I -S (no site, no user paths), so that it starts in a few milliseconds.
+"""
+
+import os
+import signal
+import sys
+import time
+
+STANDBY_VAR = "MARBLE_STANDBY_FILE"  # as marbled.worker.protocol names it
+CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP)
+
+
+def exit_file_name(run_id: int | str) -> str:
+    """The exit file of run `run_id`, in its job's directory."""
+    return f"exit-{run_id}.json"
+
+
+def exit_record(run_id: int | str, code: int, at: float, pid: int) -> str:
+    return f'{{"run_id": {int(run_id)}, "code": {int(code)}, "at": {at!r}, "pid": {pid}}}\n'
+
+
+def write_exit(run_dir: str, run_id: int | str, code: int) -> None:
+    """Record run `run_id`'s exit `code` in `run_dir`, atomically and durably: a reader sees
+    no file or the whole one, and it survives the host's crash once this returns."""
+    path = os.path.join(run_dir, exit_file_name(run_id))
+    tmp = os.path.join(run_dir, f".{exit_file_name(run_id)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, exit_record(run_id, code, time.time(), os.getpid()).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(run_dir, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_exit(run_dir, run_id: int | str) -> int | None:
+    """The exit code the run's supervisor recorded (minus the signal that ended it); None if
+    it recorded none (it still runs, was killed itself, or never started)."""
+    import json
+
+    try:
+        with open(os.path.join(run_dir, exit_file_name(run_id))) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or str(doc.get("run_id")) != str(run_id):
+        return None
+    code = doc.get("code")
+    return code if isinstance(code, int) else None
+
+
+def _go_run_id(go_file: str) -> str | None:
+    """The run a go file names; "" when it cancels the standby; None while there is none."""
+    try:
+        with open(go_file) as f:
+            text = f.read()
+    except OSError:
+        return None
+    import json  # only a prestarted process reads a go file
+
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return "" if doc.get("cancel") else str(doc.get("MARBLE_RUN_ID") or "")
+
+
+def _watch_go(go_file: str, found: list) -> None:
+    while not found:
+        run_id = _go_run_id(go_file)
+        if run_id is not None:
+            found.append(run_id)
+            return
+        time.sleep(0.02)
+
+
+def _ignore(signum, frame) -> None:
+    pass
+
+
+def exit_as(code: int) -> None:
+    """End this process as the child ended: its exit code, or killed by its signal."""
+    if code >= 0:
+        os._exit(code & 0xFF)
+    sig = -code
+    if sig in (signal.SIGQUIT, signal.SIGILL, signal.SIGABRT, signal.SIGFPE, signal.SIGSEGV,
+               signal.SIGBUS, signal.SIGSYS, signal.SIGTRAP, signal.SIGXCPU, signal.SIGXFSZ):
+        import resource  # no core of this process for the child's crash
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + sig)  # a signal whose default is not to end a process
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        sys.exit("usage: python -I -S supervise.py STATUS_FD ARGV...")
+    status_fd, command = int(argv[0]), argv[1:]
+    caught = [sig for sig in CAUGHT if signal.getsignal(sig) != signal.SIG_IGN]
+    for sig in caught:
+        signal.signal(sig, _ignore)
+    os.set_inheritable(status_fd, False)  # the child must not hold the broker's pipe open
+    try:
+        # SIGPIPE and SIGXFSZ: Python ignores them; the child gets them at their default, as
+        # subprocess's restore_signals gives them
+        child = os.posix_spawnp(command[0], command, os.environ, setsigdef=(
+            signal.SIGPIPE, signal.SIGXFSZ, *caught))
+    except OSError as exc:
+        os.write(status_fd, str(exc.errno or 0).encode())
+        os._exit(127)
+    os.close(status_fd)
+    run_dir, run_id = os.environ.get("MARBLE_RUN_DIR"), os.environ.get("MARBLE_RUN_ID")
+    go_file = os.environ.get(STANDBY_VAR) if not run_id else None
+    found: list = []
+    if go_file:
+        import _thread
+
+        _thread.start_new_thread(_watch_go, (go_file, found))
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if go_file:
+        if not found:
+            found.append(_go_run_id(go_file) or "")
+        run_id = found[0]
+    if run_dir and run_id:
+        try:
+            write_exit(run_dir, run_id, code)
+        except OSError as exc:  # the run's end is still the broker's to see, if it lives
+            os.write(2, f"marbled: cannot record the exit of run {run_id}: {exc}\n".encode())
+    exit_as(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,236 @@
+"""Faults of storage are survived (issue 30, I4), on a real Broker in this process
+(tests/broker/fakes.py) with a real SQLite file: while the store cannot be written, runs
+end and are held in memory, submissions get 503 (Unavailable) with the reason, and the
+broker neither stops nor starts anything; once writes work again everything held is
+written by itself, the queue moves, and a new broker on the same store runs nothing twice.
+
+The faults are injected at the ledger's connection: a full disk as SQLite reports it
+('database or disk is full', raised at the commit, as a WAL append fails), and a read-only
+database through SQLite's own `PRAGMA query_only` (a real SQLITE_READONLY at each write).
+tests/integration/test_storage_full.py fills a real tmpfs under a real marbled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+
+import pytest
+
+from marbled.core.errors import Unavailable
+from marbled.core.model import JobState
+from marbled.core.spec import JobSpec
+from marbled.daemon import ledger as ledger_module
+from marbled.daemon.views import Views
+from marbled.store.db import Store
+from tests.broker.fakes import FakeLauncher, in_loop, pump, running_broker
+
+PAIR = {"gpus": 2, "command": ["train"]}  # three of them fill the 6 GPUs
+TRAIN = {"command": ["train"], "model": "resnet-50", "steps": 1000}  # 3 GPUs, checkpoints
+
+
+class FullDisk:
+    """The ledger's connection, whose commits fail while `full` as SQLite's fail on a full
+    disk (the transaction's statements ran; its commit could not be written)."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con, self.full, self.refused = con, False, 0
+
+    def commit(self) -> None:
+        if self.full:
+            self.refused += 1
+            raise sqlite3.OperationalError("database or disk is full")
+        self.con.commit()
+
+    def __getattr__(self, name: str):
+        return getattr(self.con, name)
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(ledger_module, "RETRY_FIRST", 0.01)
+    monkeypatch.setattr(ledger_module, "RETRY_MAX", 0.02)
+
+
+def _states(store: Store) -> dict[int, str]:
+    return {r.id: r.state for r in store.jobs()}
+
+
+def _launched(launcher: FakeLauncher) -> list[int]:
+    """The jobs whose run a launcher started (not those it adopted)."""
+    return [int(r.request.env["MARBLE_JOB_ID"]) for r in launcher.runs
+            if "MARBLE_JOB_ID" in r.request.env]
+
+
+async def _until(predicate, seconds: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while not predicate():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.005)
+    await pump()
+
+
+@in_loop
+async def test_a_full_disk_holds_the_ends_refuses_submissions_and_recovers_by_itself(tmp_path):
+    store = Store(tmp_path / "marbled.db")
+    async with running_broker(tmp_path, store=store) as h:
+        ids = [h.submit(**PAIR) for _ in range(5)]  # 1-3 run, 4 and 5 wait
+        await pump()
+        assert len(h.launcher.runs) == 3
+        await asyncio.sleep(ledger_module.DEFER * 2)  # the pids are written
+        disk = h.broker.ledger.db = FullDisk(h.broker.ledger.db)
+        disk.full = True
+        first, second, third = h.launcher.runs
+        first.exit(0)  # it finished while the disk was full
+        await pump()
+        ledger = h.broker.ledger
+        assert ledger.fault and "disk is full" in ledger.fault and "free space on" in ledger.fault
+        assert not h.task.done()  # the broker goes on
+        second.exit(0)
+        await pump()
+        assert h.job(ids[0]).state is h.job(ids[1]).state is JobState.DONE  # in memory
+        assert _states(store)[ids[0]] == "running"  # what was committed: the reads go on
+        held = ledger.held
+        assert held >= 2
+        storage = Views(h.broker).status()["storage"]  # GET /v1/status
+        assert storage == {"ok": False, "reason": ledger.fault, "held": held}
+        # New submissions are refused with the reason, and the queue waits: starting a run
+        # the store cannot record could start it twice after a crash.
+        with pytest.raises(Unavailable, match="disk is full"):
+            h.submit(**PAIR)
+        with pytest.raises(Unavailable, match="disk is full"):
+            h.broker.submit_grouped([JobSpec.from_mapping(PAIR)])
+        assert len(h.launcher.runs) == 3
+        await asyncio.sleep(0.1)  # retries, refused
+        assert disk.refused >= 3 and ledger.fault and not h.task.done()
+
+        disk.full = False  # space returns: the broker recovers by itself
+        await _until(lambda: ledger.fault is None)
+        await asyncio.sleep(ledger_module.DEFER * 2)
+        states = _states(store)
+        assert states[ids[0]] == states[ids[1]] == "done"
+        assert len(h.launcher.runs) == 5  # the queue moved: 4 and 5 started
+        assert states[ids[3]] == states[ids[4]] == "running"
+        kinds = [e.kind for e in store.events()]
+        assert kinds.count("store-unwritable") == kinds.count("store-writable") == 1
+        more = h.submit(**PAIR)  # accepted again
+        assert _states(store)[more] == "queued"
+    store.close()
+
+    # A new broker on the same store (the first stopped as by a crash): the two that
+    # finished while the disk was full are done, and nothing of theirs runs again.
+    again = Store(tmp_path / "marbled.db")
+    launcher = FakeLauncher()
+    async with running_broker(tmp_path, store=again, launcher=launcher) as h2:
+        await pump()
+        assert h2.job(ids[0]).state is h2.job(ids[1]).state is JobState.DONE
+        assert not set(_launched(launcher)) & {ids[0], ids[1]}
+        assert [len(h2.runs(j)) for j in ids] == [1, 1, 1, 1, 1]
+    again.close()
+
+
+@in_loop
+async def test_a_group_submit_the_full_disk_refuses_gets_503_and_the_broker_goes_on(tmp_path):
+    store = Store(tmp_path / "marbled.db")
+    async with running_broker(tmp_path, store=store) as h:
+        h.submit(**{**PAIR, "gpus": 6})  # holds every GPU
+        await pump()
+        disk = h.broker.ledger.db = FullDisk(h.broker.ledger.db)
+        disk.full = True
+        answers = [h.broker.submit_grouped([JobSpec.from_mapping(
+            {**PAIR, "name": f"g{k}"})] * 1) for k in range(2)]
+        for answer in answers:
+            with pytest.raises(Unavailable, match="not accepted: the state directory's disk "
+                                                  "is full: free space on"):
+                await answer[1]
+        await pump()
+        assert not h.task.done()  # not stopped
+        refused = [answer[0][0].id for answer in answers]
+        assert all(h.job(j).state is JobState.CANCELLED for j in refused)  # forgotten
+        assert "g0" not in h.broker.names
+        disk.full = False
+        await _until(lambda: h.broker.ledger.fault is None)
+        assert sorted(_states(store)) == [1]  # the refused group never was
+        later = h.submit(**{**PAIR, "name": "g0"})  # its name is free again
+        assert _states(store)[later] == "queued"
+    store.close()
+
+
+@in_loop
+async def test_a_read_only_store_at_shutdown_saves_the_held_ends_for_the_next_broker(tmp_path):
+    store = Store(tmp_path / "marbled.db")
+    with pytest.raises(ledger_module.StorageLost, match="read-only"):
+        async with running_broker(tmp_path, store=store) as h:
+            job = h.submit(**TRAIN)
+            done = h.submit(**PAIR)
+            await pump()
+            train, pair = h.launcher.runs
+            await asyncio.sleep(ledger_module.DEFER * 2)
+            h.broker.ledger.db.execute("PRAGMA query_only = 1")  # SQLITE_READONLY
+            pair.exit(0)
+            await pump()
+            assert "read-only" in h.broker.ledger.fault
+            train.report(400, start_step=0)
+            drain = asyncio.get_running_loop().create_task(h.broker.drain("shutdown"))
+            await pump()
+            train.acknowledge(400)
+            h.broker.runs.check_acks()
+            train.exit(0)
+            await pump()
+            await h.task  # it stops, saying why
+    assert drain.done()
+    assert _states(store) == {job: "running", done: "running"}  # nothing more was written
+    store.writer().execute("PRAGMA query_only = 0")
+    store.close()
+
+    again = Store(tmp_path / "marbled.db")  # writable again (or another node's view of it)
+    launcher = FakeLauncher(adopt_alive=False)
+    async with running_broker(tmp_path, store=again, launcher=launcher) as h2:
+        await pump()
+        assert h2.job(done).state is JobState.DONE  # not run twice
+        assert _launched(launcher) == [job]  # the checkpointed job resumes ...
+        assert h2.runs(job)[-1].start_step == 400  # ... from its checkpoint, not from 0
+    assert not (tmp_path / ("marbled.db" + ledger_module.SPILL_SUFFIX)).exists()
+    again.close()
+
+
+@in_loop
+async def test_a_statement_fault_is_not_a_storage_fault(tmp_path):
+    """A constraint that fails is no full disk: no write is held for it."""
+    assert ledger_module.storage_fault(sqlite3.IntegrityError("UNIQUE constraint failed")) \
+        is None
+    assert ledger_module.storage_fault(sqlite3.OperationalError("database or disk is full")) \
+        == "full"
+    assert ledger_module.storage_fault(OSError(28, "No space left on device")) == "full"
+    with contextlib.closing(sqlite3.connect(":memory:")) as con:
+        con.execute("CREATE TABLE t (x)")
+        con.execute("PRAGMA query_only = 1")
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            con.execute("INSERT INTO t VALUES (1)")
+    assert ledger_module.storage_fault(caught.value) == "readonly"
+
+
+@in_loop
+async def test_a_row_that_belongs_to_a_submission_is_written_or_refused_with_it(tmp_path):
+    """`also`: e.g. an idempotency key's row, in the submission's own transaction."""
+    store = Store(tmp_path / "marbled.db")
+    async with running_broker(tmp_path, store=store) as h:
+        ledger = h.broker.ledger
+        disk = ledger.db = FullDisk(ledger.db)
+
+        def key(name: str):
+            return lambda con: con.execute(
+                "INSERT INTO meta (key, value) VALUES (?, 'x')", (name,))
+
+        disk.full = True
+        admitted = h.broker._admit([JobSpec.from_mapping(PAIR)])
+        with pytest.raises(Unavailable, match="disk is full"):
+            ledger.submitted(admitted, h.clock.time(), also=key("refused"))
+        disk.full = False
+        await _until(lambda: ledger.fault is None)
+        ledger.submitted(admitted, h.clock.time(), also=key("taken"))
+        meta = store.meta()
+        assert "taken" in meta and "refused" not in meta
+        assert [r.id for r in store.jobs()] == [admitted[0].job.id]
+    store.close()

@@ -1,0 +1,127 @@
+"""Plain commands across a broker's crash: a command completes at most once (lifecycle I2).
+
+Real brokers on a real socket, killed with SIGKILL; the jobs are plain commands that
+speak no worker protocol (no progress, no acknowledgement), each appending a line to
+its own file when it completes. The exit status a run's supervisor records
+(marbled.batch.supervise) tells the next broker how a run it did not see end did end:
+done or failed with its true code, never started again. Only a run with no record
+and no process left is run again, and its record says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fault_injection import plain_chaos
+from marbled.core.outcome import RECOVERED, UNKNOWN
+from tests.conftest import Daemon
+
+pytestmark = pytest.mark.daemon
+
+
+def plain(name: str, marks: Path, body: str) -> dict:
+    """A plain command that runs `body`, then marks its completion (exit 0 only)."""
+    return {"name": name, "gpus": 1,
+            "command": ["sh", "-c", f"{body} && echo done >> {marks}/{name}"]}
+
+
+def completions(marks: Path, name: str) -> int:
+    path = marks / name
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def running_pids(d: Daemon) -> dict[str, int]:
+    """Each running job's name, to the pid its run was recorded with."""
+    return {r["name"]: r["pid"] for r in d.query(
+        "SELECT jobs.name, runs.pid FROM runs JOIN jobs ON jobs.id = runs.job_id "
+        "WHERE runs.ended_at IS NULL AND runs.pid IS NOT NULL")}
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_rows(d: Daemon) -> dict[str, dict]:
+    return {r["name"]: dict(r) for r in d.query("SELECT * FROM jobs")}
+
+
+def runs_of(d: Daemon, name: str) -> list[dict]:
+    return [dict(r) for r in d.query(
+        "SELECT runs.* FROM runs JOIN jobs ON jobs.id = runs.job_id WHERE jobs.name = ? "
+        "ORDER BY runs.id", name)]
+
+
+def test_runs_that_end_or_live_through_a_crash_complete_once(daemon_factory, tmp_path):
+    """Killed -9 while three plain commands run: one finishes, one fails while no broker
+    watches, one still runs when the next broker adopts it. None runs again; each is
+    recorded with its true exit code."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    d = daemon_factory()
+    d.submit(plain("quick", marks, "sleep 0.3"),
+             {"name": "fails", "gpus": 1, "command": ["sh", "-c", "sleep 0.3; exit 3"]},
+             plain("slow", marks, "sleep 4"))
+    wait_until(lambda: len(running_pids(d)) == 3, what="three runs with their pids")
+    d.stop(signal.SIGKILL)
+    wait_until(lambda: completions(marks, "quick"), what="the quick command's end")
+    time.sleep(0.5)  # and the failing one's
+    d = daemon_factory()
+    jobs = {j["name"]: j for j in d.wait_all(timeout=60)}
+    assert {n: j["state"] for n, j in jobs.items()} == {
+        "quick": "done", "fails": "failed", "slow": "done"}
+    assert completions(marks, "quick") == 1 and completions(marks, "slow") == 1
+    for name in jobs:
+        assert len(runs_of(d, name)) == 1, f"{name} was started again"
+    rows = job_rows(d)
+    assert rows["quick"]["reason"] == f"{RECOVERED}: done (exited with code 0)"
+    assert rows["fails"]["reason"].startswith(f"{RECOVERED}: exited with code 3")
+    assert [r["exit_code"] for r in runs_of(d, "fails")] == [3]
+    assert [r["exit_code"] for r in runs_of(d, "quick")] == [0]
+    # alive when adopted: watched to its end, and its exit read from its record
+    adopted = {r["run_id"]: r["data"] for r in d.query(
+        "SELECT run_id, data FROM events WHERE kind = 'adopted'")}
+    slow = runs_of(d, "slow")[0]
+    assert '"alive": true' in adopted[slow["id"]]
+    assert slow["exit_code"] == 0 and rows["slow"]["reason"] == "done"
+
+
+def test_only_a_run_with_no_record_and_no_process_runs_again(daemon_factory, tmp_path):
+    """The run's whole process group is killed while no broker watches: nothing recorded
+    how it ended, so the next broker runs it again, and the record says why."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    d = daemon_factory()
+    d.submit(plain("lost", marks, "sleep 30"))
+    pid = wait_until(lambda: running_pids(d).get("lost"), what="the run's pid")
+    d.stop(signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)  # the supervisor too: no exit is recorded
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), what="the run's end")
+    d = daemon_factory()
+    first = wait_until(lambda: [r for r in runs_of(d, "lost") if r["ended_at"]],
+                       what="the lost run's record")[0]
+    assert first["exit_code"] is None
+    reasons = [r["data"] for r in d.query(
+        "SELECT data FROM events WHERE run_id = ? AND kind = 'suspended'", first["id"])]
+    assert reasons and f"{RECOVERED}: {UNKNOWN}" in reasons[0]
+    assert "resumes" not in reasons[0]
+    wait_until(lambda: len(runs_of(d, "lost")) == 2, what="the run again")
+
+
+def test_plain_commands_through_random_kills_complete_once(tmp_path):
+    """The fault-injection benchmark's plain commands, shortened: 90 commands on 6 GPUs
+    through 5 kills -9 of the broker; none completes twice, every job ends done."""
+    result = plain_chaos(tmp_path / "state", 90, kills=5, seed=3, gap=(0.2, 0.8))
+    assert result.kills == 5, "the queue ended before 5 kills: nothing was tested"
+    assert result.violations == []
+    assert (result.completed_twice, result.never_completed) == (0, 0)
+    assert result.adopted >= 5

@@ -1,0 +1,96 @@
+"""The lifecycle's invariants (issue 30) with real processes and real signals: a real
+`marbled --gpus 4` is killed -9 and shut down (POST /v1/shutdown) at seeded random moments
+and restarted on the same state directory, under emulated jobs that speak the worker
+protocol (auto and a fixed count of 2) and plain `sh -c` commands that append a line to
+their own file when they complete. At the end every job is done exactly once: a plain
+command's file has one line, an emulated job's runs resume each where the one before ended
+and the last ends at its steps. The fast tier, with hundreds of schedules on a fake
+launcher, is tests/broker/test_lifecycle_machine.py."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import start_daemon
+
+pytestmark = pytest.mark.daemon
+
+EMULATED = [
+    {"model": "resnet-50", "steps": 1500, "emulate": True},  # auto: 3 GPUs
+    {"model": "lenet", "steps": 1500, "emulate": True},  # auto: 2 GPUs
+    {"model": "resnet-50", "steps": 1500, "emulate": True, "gpus": 2},  # a fixed count
+]
+
+
+def plain(out: Path, i: int) -> dict:
+    return {"command": ["sh", "-c", f"sleep 0.4; echo done >> {out / f'plain-{i}.txt'}"],
+            "gpus": 1, "name": f"plain-{i}"}
+
+
+def chaos(tmp_path: Path, faults: list[str], seed: int, plains: int) -> tuple:
+    """Submit the jobs, then for each fault after a random pause: kill -9 the broker or shut
+    it down, and start the next one on the same state directory; wait for every job."""
+    rng = random.Random(seed)
+    state, out = tmp_path / "state", tmp_path / "out"
+    out.mkdir()
+    d = start_daemon(state, gpus=4, time_scale=0.01)
+    try:
+        jobs = d.submit(*EMULATED, *(plain(out, i) for i in range(plains)))
+        for fault in faults:
+            time.sleep(rng.uniform(0.3, 1.5))
+            if fault == "kill":
+                d.proc.send_signal(signal.SIGKILL)
+                d.proc.wait(timeout=10)
+            else:
+                d.client.post("/v1/shutdown", {})
+                d.proc.wait(timeout=30)
+            d = start_daemon(state, gpus=4, time_scale=0.01)
+        final = d.wait_all(timeout=40)
+        runs = d.runs()
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+    return jobs, final, runs, out
+
+
+def problems(jobs, final, runs, out: Path, plains: int) -> list[str]:
+    found = [f"job {j['id']} ended {j['state']}" for j in final if j["state"] != "done"]
+    for i in range(plains):
+        path = out / f"plain-{i}.txt"
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) != 1:
+            found.append(f"plain-{i} completed {len(lines)} times")
+    for job in jobs[:len(EMULATED)]:
+        mine = [r for r in runs if r["job_id"] == job["id"]]
+        steps = [(r["start_step"], r["end_step"]) for r in mine]
+        ok = steps and steps[0][0] == 0 and steps[-1][1] == job["steps"] and all(
+            a[1] == b[0] for a, b in zip(steps, steps[1:], strict=False))
+        if not ok:
+            found.append(f"job {job['id']} ({job.get('model')}, gpus {job.get('gpus')}): "
+                         f"runs {steps} are not contiguous from 0 to {job['steps']}")
+    return found
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_shutdowns_and_kills_keep_every_protocol_job_s_steps(tmp_path, seed):
+    """Kill -9s and shutdowns under jobs that speak the protocol, and plain commands under
+    shutdowns only (kill -9s: the test below)."""
+    faults = ["shutdown", "kill", "shutdown", "kill"]
+    jobs, final, runs, out = chaos(tmp_path, faults[:2] if seed == 2 else faults, seed, 0)
+    assert not problems(jobs, final, runs, out, 0)
+    assert len(runs) > len(jobs), "no fault came while a job ran: nothing was tested"
+
+
+def test_shutdowns_run_plain_commands_once(tmp_path):
+    jobs, final, runs, out = chaos(tmp_path, ["shutdown", "shutdown"], 3, 3)
+    assert not problems(jobs, final, runs, out, 3)
+
+
+def test_kills_run_plain_commands_once(tmp_path):
+    jobs, final, runs, out = chaos(tmp_path, ["kill", "kill"], 4, 3)
+    assert not problems(jobs, final, runs, out, 3)
