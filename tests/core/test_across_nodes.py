@@ -150,7 +150,8 @@ def idle_over_two_decisions(result: SimResult, nodes: int, guard: float) -> list
     waits (every job here can run on one GPU), or a job runs on another node below its
     fastest count with more than `guard` seconds of its run left at t1 (the policy's
     guard: a run near its end is never moved). One decision may pass: a run that started
-    at t1 is not moved at t1 (no reshape at the instant a run starts)."""
+    at t1 is not moved at t1 (no reshape at the instant a run starts), and a run is not
+    moved before its first step (lifecycle I6: at zero costs, one step after its start)."""
     optimum = {"one": 1, "two": 2, "four": 4}
     names = [f"node{i}" for i in range(nodes)]
     times = sorted({r.start for r in result.runs} | {r.end for r in result.runs}
@@ -165,6 +166,7 @@ def idle_over_two_decisions(result: SimResult, nodes: int, guard: float) -> list
             waiting = [j.id for j in result.jobs.values() if j.arrival <= t1
                        and j.first_start > t1]
             below = [r.job for r in live if r.node != node and r.start < t1
+                     and r.start + (r.end - r.start) / max(r.end_step - r.start_step, 1) <= t1
                      and len(r.gpus) < optimum[result.jobs[r.job].model]
                      and (result.jobs[r.job].steps - r.start_step) / (r.end_step - r.start_step)
                      * (r.end - r.start) - (t1 - r.start) > guard]
