@@ -68,13 +68,16 @@ def test_runs_that_end_or_live_through_a_crash_complete_once(daemon_factory, tmp
     marks = tmp_path / "marks"
     marks.mkdir()
     d = daemon_factory()
-    d.submit(plain("quick", marks, "sleep 0.3"),
-             {"name": "fails", "gpus": 1, "command": ["sh", "-c", "sleep 0.3; exit 3"]},
-             plain("slow", marks, "sleep 4"))
+    # `quick` and `fails` outlive the kill by a margin a loaded machine keeps (the kill
+    # comes once the three pids are recorded, within DEFER of the starts)
+    d.submit(plain("quick", marks, "sleep 2"),
+             {"name": "fails", "gpus": 1, "command": ["sh", "-c", "sleep 2; exit 3"]},
+             plain("slow", marks, "sleep 8"))
     wait_until(lambda: len(running_pids(d)) == 3, what="three runs with their pids")
     d.stop(signal.SIGKILL)
+    assert not completions(marks, "quick"), "it ended before the kill: nothing was tested"
     wait_until(lambda: completions(marks, "quick"), what="the quick command's end")
-    time.sleep(0.5)  # and the failing one's
+    time.sleep(1.0)  # and the failing one's
     d = daemon_factory()
     jobs = {j["name"]: j for j in d.wait_all(timeout=60)}
     assert {n: j["state"] for n, j in jobs.items()} == {
