@@ -237,6 +237,12 @@ class Ledger:
             # Submissions commit in a transaction of their own, before any change that could
             # concern their jobs: if the store refuses them, they are refused alone.
             self.flush()
+        with self._outermost():
+            yield
+
+    @contextmanager
+    def _outermost(self) -> Iterator[None]:
+        """The outermost scope's body: its transaction aborted on an error, ended after."""
         self._depth = 1
         try:
             yield
@@ -338,15 +344,8 @@ class Ledger:
         """Commit what waits now; while the store cannot be written, try the held writes."""
         if not self._pending or self._depth or self._spilled:
             return
-        self._depth = 1
-        try:
+        with self._outermost():
             self._begin()
-        except BaseException as exc:
-            self._abort(exc)
-            raise
-        finally:
-            self._depth = 0
-        self._end()
 
     def _later(self, write: _Write, *, soon: bool) -> None:
         """Queue `write` for the next transaction: at the end of this round of the loop
