@@ -17,11 +17,13 @@ With --plain N it runs N plain commands instead (`sh -c 'echo start; sleep 0.3; 
 no worker protocol, each appending a line to its own file when it completes), --kills
 kills spread over them, and prints how many completed twice (I2 of docs/lifecycle.md: a
 command completes at most once), how many never did, and the records that are not
-done or not true to the exit.
+done or not true to the exit. With --slurm-job J every command is a job step of the
+running Slurm job J (e.g. `salloc --no-shell --gres=gpu:6 -c 12`), the broker outside it.
 
     .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
         [--time-scale 0.2] [--max-gap 0.8]
     .venv/bin/python benchmarks/fault_injection.py --plain 300 --kills 10 --seed 1 2
+    .venv/bin/python benchmarks/fault_injection.py --plain 60 --kills 5 --slurm-job J
     .venv/bin/python benchmarks/fault_injection.py --disk-full 5 --plain 60 --seed 1 2
 
 With --disk-full N (as root) the state directory is a small tmpfs that is filled N times
@@ -76,10 +78,17 @@ def workload(logs: Path, time_scale: float) -> list[dict]:
     return jobs
 
 
-def start(state: Path, time_scale: float) -> tuple[subprocess.Popen, float]:
-    """A broker on the state directory; how long it took to serve."""
+def start(state: Path, time_scale: float,
+          slurm_job: str | None = None) -> tuple[subprocess.Popen, float]:
+    """A broker on the state directory (on 6 emulated GPUs, or every run a step of Slurm
+    job `slurm_job`); how long it took to serve."""
     t0 = time.monotonic()
-    return start_broker(state, "marble", 6, time_scale), time.monotonic() - t0
+    if slurm_job:
+        proc = start_broker(state, "marble", None, time_scale, ("--launcher", "slurm"),
+                            {**os.environ, "SLURM_JOB_ID": slurm_job})
+    else:
+        proc = start_broker(state, "marble", 6, time_scale)
+    return proc, time.monotonic() - t0
 
 
 def unfinished(state: Path) -> int:
@@ -193,9 +202,11 @@ def plain_workload(marks: Path, n: int, sleep: float = 0.3) -> list[dict]:
 
 
 def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
-                gap: tuple[float, float] = (0.3, 2.0)) -> PlainResult:
-    """`n` plain commands on 6 emulated GPUs through `kills` SIGKILLed brokers (each
-    restarted at once), then count the commands that completed twice or never."""
+                gap: tuple[float, float] = (0.3, 2.0),
+                slurm_job: str | None = None) -> PlainResult:
+    """`n` plain commands on 6 emulated GPUs (or as steps of Slurm job `slurm_job`) through
+    `kills` SIGKILLed brokers (each restarted at once), then count the commands that
+    completed twice or never."""
     rng = random.Random(seed)
     state.mkdir(parents=True, exist_ok=True)
     marks = state.parent / "marks"
@@ -203,7 +214,7 @@ def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
     jobs = plain_workload(marks, n)
     result = PlainResult()
     t0 = time.monotonic()
-    proc, _ = start(state, 1.0)
+    proc, _ = start(state, 1.0, slurm_job)
     BrokerClient(socket_path(state)).post("/v1/jobs", {"jobs": jobs})
     while result.kills < kills:
         time.sleep(rng.uniform(*gap))
@@ -212,7 +223,7 @@ def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         result.kills += 1
-        proc, _ = start(state, 1.0)
+        proc, _ = start(state, 1.0, slurm_job)
     finish(state, proc, result.violations, "the last kill")
     result.seconds = time.monotonic() - t0
     con = sqlite3.connect(state / DB_NAME)
@@ -372,6 +383,9 @@ def main() -> None:
                     help="seconds between kills: uniform from 0.05 to this")
     ap.add_argument("--plain", type=int, default=0, metavar="N",
                     help="N plain commands (no worker protocol) instead of the job sets")
+    ap.add_argument("--slurm-job", metavar="J",
+                    help="with --plain: every run a job step of the running Slurm job J "
+                         "(srun), not a process on 6 emulated GPUs")
     ap.add_argument("--disk-full", type=int, default=0, metavar="N",
                     help="fill the state directory's disk (a tmpfs: as root) N times while "
                          "the job sets and --plain commands run, instead of kills")
@@ -395,7 +409,8 @@ def main() -> None:
     if args.plain:
         for seed in args.seed:
             with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
-                p = plain_chaos(Path(tmp) / "state", args.plain, args.kills, seed)
+                p = plain_chaos(Path(tmp) / "state", args.plain, args.kills, seed,
+                                slurm_job=args.slurm_job)
             summaries.append({
                 "seed": seed, "jobs": args.plain, "kills": p.kills, "runs": p.runs,
                 "adopted": p.adopted, "completed_twice": p.completed_twice,

@@ -47,6 +47,18 @@ def start_broker(state_dir: Path, policy: str, gpus: int | None, time_scale: flo
         raise RuntimeError(f"{exc}: {(state_dir / 'marbled.log').read_text()}") from None
     return proc
 
+
+TITLES = {"marble": "MARBLE", "rigid": "LSF way"}
+
+
+def progress_line(elapsed: float, left: dict[str, int], total: int) -> str:
+    """The demo's progress: the jobs still to finish on each broker, each of which runs
+    the whole set of `total` jobs (`  12.3 s: jobs still to finish: MARBLE 1 of 3, LSF
+    way 2 of 3`), not their sum."""
+    per = ", ".join(f"{TITLES.get(p, p)} {n} of {total}" for p, n in left.items())
+    return f"  {elapsed:5.1f} s: jobs still to finish: {per}"
+
+
 def total_seconds(runs: list[dict], scale: float) -> float:
     start = min(r["started_at"] for r in runs)
     end = max(r["ended_at"] for r in runs)
@@ -71,17 +83,16 @@ def compare_policies(jobset: str = "paper-jobset1", gpus: int = 6, time_scale: f
                 clients[policy].post("/v1/jobs", {"jobs": [s.to_mapping() for s in specs]})
             t0 = last = time.monotonic()
             while True:
-                left = sum(
-                    1 for c in clients.values() for j in c.get("/v1/jobs")["jobs"]
-                    if j["state"] not in ("done", "failed", "cancelled")
-                )
+                left = {policy: sum(1 for j in c.get("/v1/jobs")["jobs"]
+                                    if j["state"] not in ("done", "failed", "cancelled"))
+                        for policy, c in clients.items()}
                 now = time.monotonic()
-                if progress and (tty or now - last >= 5 or not left):
+                if progress and (tty or now - last >= 5 or not any(left.values())):
                     prefix = "\r" if tty else ""
-                    print(f"{prefix}  {now - t0:5.1f} s: {left} jobs still to finish",
+                    print(prefix + progress_line(now - t0, left, len(specs)),
                           end="" if tty else "\n", file=sys.stderr, flush=True)
                     last = now
-                if not left:
+                if not any(left.values()):
                     break
                 time.sleep(0.25)
             if tty:

@@ -101,7 +101,7 @@ def as_schema_version_1(path) -> None:
     for column in ("devices", "share"):
         con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
     for column in ("nodes", "retries", "failures", "not_before", "max_share", "chdir",
-                   "per_gpu", "nodes_min"):
+                   "per_gpu", "nodes_min", "env"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     con.execute("DROP TABLE gpu_samples")
     con.execute("DROP TABLE samples")

@@ -6,6 +6,8 @@ import copy
 import re
 import sys
 
+from marbled.core.environment import BATCH_PREFIXES, MAX_ENV_BYTES, MAX_ENV_VARS, RUN_VARS
+from marbled.core.model import JobState
 from marbled.core.spec import (
     MAX_COMMAND_ARGS,
     MAX_MODEL,
@@ -63,7 +65,10 @@ NO_WORDS = r"^[ \t\r\n]*$"
 TORCHRUN_WORD = r"^[ \t\r\n]*([^ \t\r\n'\"\\]*/)?torchrun([ \t\r\n]|$)"
 
 
-def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> dict:
+def _answer(description: str, status: str = "200", *more: tuple[str, str],
+            schema: dict | None = None) -> dict:
+    """An operation's answers: `status` with `schema` (a $ref to components/schemas), and
+    the errors every operation may give (the error middleware's body, ERROR), and `more`."""
     errors = {code: {"description": why, "content": {"application/json": {"schema": ERROR}}}
               for code, why in (("400", "bad input; `error` says what to change"),
                                 ("401", "TCP without the broker's token"),
@@ -71,9 +76,126 @@ def _answer(description: str, status: str = "200", *more: tuple[str, str]) -> di
                                 ("409", "not in this job's state (`retry`: whether it may be "
                                         "later)"), *more)}
     return {status: {"description": description,
-                     "content": {"application/json": {"schema": {"type": "object"}}}},
+                     "content": {"application/json": {"schema": schema or {"type": "object"}}}},
             **errors}
 
+
+def _requested(what: str) -> dict:
+    """The 202 of a cancel or suspend: {"id": ..., what: "requested"}."""
+    return _object({"id": INT, what: {"const": "requested"}})
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _object(properties: dict, optional: tuple[str, ...] = ()) -> dict:
+    """An answer's object: every field the server sends described, each always sent (but
+    `optional`), no other (what the contract test checks the answers against)."""
+    return {"type": "object", "additionalProperties": False, "properties": properties,
+            "required": [k for k in properties if k not in optional]}
+
+
+INT, NUM, STR, BOOL = ({"type": t} for t in ("integer", "number", "string", "boolean"))
+OR_NULL = {t: {"type": [t, "null"]} for t in ("integer", "number", "string", "boolean")}
+TIME, TIME_OR_NULL = NUM, OR_NULL["number"]  # seconds since the epoch
+# a run's or job's GPUs on each of its nodes: [[node, [gpu index, ...]], ...]
+PARTS = {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+    "anyOf": [STR, {"type": "array", "items": INT}]}}}
+STATES = [s.value for s in JobState]
+TARGET = _object({"count": OR_NULL["integer"], "reason": STR, "text": STR, "capped": BOOL})
+RUN = _object({
+    "id": INT, "job_id": INT, "node": STR, "gpus": {"type": "array", "items": INT},
+    "parts": PARTS, "devices": {"type": ["array", "null"], "items": STR}, "share": NUM,
+    "role": OR_NULL["string"], "started_at": TIME, "ended_at": TIME_OR_NULL,
+    "start_step": OR_NULL["number"], "end_step": OR_NULL["number"],
+    "exit_code": OR_NULL["integer"], "end_reason": OR_NULL["string"],
+    "pid": OR_NULL["integer"]})
+JOB_VIEW_FIELDS = {
+    "id": INT, "name": OR_NULL["string"], "model": OR_NULL["string"],
+    "steps": OR_NULL["integer"], "state": {"enum": STATES},
+    "role": {"description": "primary, standby...: its part in the policy now", **OR_NULL["string"]},
+    "node": {"description": "its nodes, comma-separated, while it holds GPUs",
+             **OR_NULL["string"]},
+    "gpus": {"type": "array", "items": INT}, "parts": PARTS,
+    "demand": OR_NULL["integer"],
+    "want": {"description": "what it aims for and why (null once it has ended)",
+             "anyOf": [TARGET, {"type": "null"}]},
+    "nodes": INT, "nodes_min": {"description": "a node range's fewest (null: exactly `nodes`)",
+                                **OR_NULL["integer"]},
+    "retries": INT, "failures": INT, "not_before": TIME_OR_NULL, "malleable": BOOL,
+    "gpus_request": {"anyOf": [{"const": "auto"}, INT]}, "step": NUM, "suspensions": INT,
+    "after": {"type": "array", "items": INT},
+    "command": {"type": "array", "items": STR}, "emulate": BOOL, "chdir": STR,
+    "per_gpu": BOOL, "submitted_at": TIME, "started_at": TIME_OR_NULL,
+    "finished_at": TIME_OR_NULL, "exit_code": OR_NULL["integer"], "reason": OR_NULL["string"],
+    "rate": {"description": "steps per second", **OR_NULL["number"]},
+    "rate_source": {"enum": ["measured", "profile", None]},
+    "finish_at": TIME_OR_NULL, "eta_s": OR_NULL["number"]}
+JOB_VIEW = _object(JOB_VIEW_FIELDS)
+JOBS = _object({"jobs": {"type": "array", "items": _ref("JobView")},
+                "next": {"description": "the `after` of the next page; null at the end",
+                         **OR_NULL["integer"]}})
+SUBMITTED = _object({"jobs": {"type": "array", "items": _object({
+    **JOB_VIEW_FIELDS, "notes": {"type": "array", "items": STR}})}})
+JOB_DETAIL = _object({
+    **JOB_VIEW_FIELDS, "why": OR_NULL["string"], "runs": {"type": "array", "items": _ref("Run")},
+    "events": {"type": "array", "items": _object({
+        "at": TIME, "kind": STR, "run_id": OR_NULL["integer"],
+        "data": {"type": ["object", "null"]}})},
+    "reasons": {"type": "array", "items": STR}})
+STATUS = _object({
+    "pid": INT, "policy": STR, "profile": OR_NULL["string"],
+    "nodes": {"type": "object", "additionalProperties": _object({
+        "gpus": {"type": "array", "items": STR}, "free": {"type": "array", "items": INT}})},
+    "jobs": {"description": "jobs by state", "type": "object",
+             "propertyNames": {"enum": STATES}, "additionalProperties": INT},
+    "draining": BOOL,
+    "storage": {"description": "ok: the store takes writes; else `reason` (what to free) "
+                               "and the writes `held`", **_object({
+                                   "ok": BOOL, "reason": OR_NULL["string"], "held": INT})},
+    "started_at": TIME, "time_scale": NUM, "max_request_bytes": INT,
+    "max_jobs_per_request": INT})
+LOG = _object({
+    "job_id": INT, "state": {"enum": STATES}, "runs": {"type": "array", "items": INT},
+    "run": {"anyOf": [_ref("Run"), {"type": "null"}]}, "stream": {"enum": ["stdout", "stderr"]},
+    "offset": INT, "next_offset": INT, "size": INT, "text": STR})
+RUNS = _object({"runs": {"type": "array", "items": _ref("Run")}, "started_at": TIME})
+FORECAST = _object({
+    "at": TIME, "finish_at": TIME_OR_NULL, "reason": OR_NULL["string"],
+    "jobs": {"type": "array", "items": _object({"id": INT, "start_at": TIME,
+                                                "end_at": TIME})},
+    "left_out": {"type": "array", "items": _object({"id": INT, "why": STR})}},
+    optional=("left_out",))
+CURVES = _object({"profile": OR_NULL["string"], "learning": BOOL, "models": {
+    "type": "array", "items": _object({
+        "model": STR, "counts": {"type": "array", "items": _object({
+            "gpus": INT, "profile": OR_NULL["number"], "measured": OR_NULL["number"],
+            "samples": INT, "estimate": OR_NULL["number"],
+            "source": {"enum": ["measured", "none", "profile", "scaled profile",
+                                "corrected profile", "fitted"]}})},
+        "profile_optimum": OR_NULL["integer"], "optimum": OR_NULL["integer"],
+        "next_count": OR_NULL["integer"], "next_reason": TARGET, "startup_s": OR_NULL["number"],
+        "suspend_s": OR_NULL["number"], "disagrees": OR_NULL["string"]})}})
+
+
+# A job's environment (core/environment.py): in a job, or a request's for its jobs
+ENVIRONMENT = {
+    "export": {"enum": ["ALL", "NONE"], "default": "NONE",
+               "description": "ALL: `env` is the job's whole environment (its "
+                              "submitter's; `marble submit` sends it so by default); "
+                              "NONE: the broker's environment, with `env` added. The "
+                              "allocation's variables (SLURM_*, LSB_*...) come from "
+                              "the broker either way (docs/environment.md)"},
+    "env": {"type": "object", "maxProperties": MAX_ENV_VARS,
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "not": {"anyOf": [
+                {"pattern": "^(" + "|".join((*BATCH_PREFIXES, "MARBLE_", "TORCHELASTIC_"))
+                            + ")"},
+                {"enum": sorted(RUN_VARS)}]}},
+            "additionalProperties": {"type": "string", "pattern": "^[^\u0000]*$"},
+            "description": "variables the job runs with; never those marbled or the "
+                           "allocation sets (MARBLE_*, CUDA_VISIBLE_DEVICES, RANK..., "
+                           f"SLURM_*...: 400); at most {MAX_ENV_BYTES} bytes in all"}}
 
 DEPENDENCY = {"oneOf": [{"type": "integer", "minimum": 1},
                         {"type": "string", "minLength": 1, **NO_CONTROL}]}
@@ -123,7 +245,10 @@ JOB = {
         "gpus": {"anyOf": [{"const": "auto"}, {"type": "null"},
                            {"type": "integer", "minimum": 1}],
                  "default": "auto"},
-        "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}]},
+        "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}],
+                  "description": "earlier jobs, by id or name (the latest so named, in this "
+                                 "request or before it); one that is not there, or not earlier "
+                                 "(this job, a later one of the request), is a 404"},
         "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
                  "pattern": _one_not_in(str.isdigit), **NO_CONTROL,
                  "description": "not only digits (it would read as a job id); one line of "
@@ -146,9 +271,11 @@ JOB = {
                                    "own CUDA_VISIBLE_DEVICES; not with torchrun (or python -m "
                                    "torch.distributed.run), which starts them itself"},
         "chdir": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\u0000]*$",
-                  "description": "the directory the job runs in: absolute, an existing "
-                                 "directory on the broker's host (else 400); null: the "
-                                 "broker's working directory. `marble submit` sends its own"},
+                  "description": "the directory the job runs in: absolute (else 400), an "
+                                 "existing directory on the broker's host (else 404; 409 if "
+                                 "it cannot be entered); null: the broker's working "
+                                 "directory. `marble submit` sends its own"},
+        **ENVIRONMENT,
     },
 }
 
@@ -160,7 +287,11 @@ SPEC = {
     "security": [{"token": []}],
     "paths": {
         "/v1/status": {"get": {"summary": "broker, nodes, free GPUs, job counts",
-                               "responses": _answer("status")}},
+                               "description": "also `max_request_bytes` (the largest body "
+                                              "POST /v1/jobs reads: a larger one is a 413) "
+                                              "and `max_jobs_per_request`: a client sends a "
+                                              "large job set in as many requests as they need",
+                               "responses": _answer("status", schema=_ref("Status"))}},
         "/v1/jobs": {
             "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "
                                "continues the page, null at the end",
@@ -182,7 +313,7 @@ SPEC = {
                          "description": "only jobs with a greater id (the cursor: the last "
                                         "page's `next`)",
                          "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}],
-                    "responses": _answer("jobs")},
+                    "responses": _answer("jobs", schema=_ref("Jobs"))},
             "post": {"summary": "submit one job, or {'jobs': [...]} all or none",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"oneOf": [
@@ -191,6 +322,8 @@ SPEC = {
                               "required": ["jobs"], "properties": {"jobs": {
                                   "type": "array", "minItems": 1, "maxItems": 10000,
                                   "items": {"$ref": "#/components/schemas/Job"}},
+                                  # the environment of every job that gives none
+                                  **ENVIRONMENT,
                                   "client_token": {
                                       **IDEMPOTENCY_KEY,
                                       "description": f"as the {IDEMPOTENCY_HEADER} header "
@@ -208,16 +341,20 @@ SPEC = {
                      "responses": {**_answer(
                          f"a retry (the same {IDEMPOTENCY_HEADER} and jobs): the jobs the "
                          "first request submitted, as they are now; header "
-                         "Idempotent-Replayed: true"), **_answer(
+                         "Idempotent-Replayed: true", schema=_ref("Submitted")), **_answer(
                          "the accepted jobs, each with its `notes` (e.g. a model no profile "
                          "knows, and the profile's models it is close to)", "201",
                          ("404", "a job named in `after` does not exist"),
-                         ("413", "a body over 4 MiB"),
+                         ("413", "a body over `max_request_bytes` (GET /v1/status; 4 MiB "
+                                 "unless the broker's MARBLE_MAX_REQUEST_BYTES says otherwise)"),
                          ("415", "the body is not application/json"),
-                         ("503", "the broker drains or has no GPUs: submit to the next one"))}},
+                         ("503", "the broker drains, has no GPUs or cannot write its store "
+                                 "now (GET /v1/status: `storage`): submit to the next one, or "
+                                 "again later"), schema=_ref("Submitted"))}},
         },
         "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
-                                      "parameters": [JOB_ID], "responses": _answer("job")}},
+                                      "parameters": [JOB_ID],
+                                      "responses": _answer("job", schema=_ref("JobDetail"))}},
         "/v1/jobs/{job_id}/log": {"get": {
             "summary": "a page of a run's output: {job_id, state, runs, run, stream, offset, "
                        "next_offset, size, text}; follow it by asking again from next_offset, "
@@ -249,19 +386,22 @@ SPEC = {
                                 "`offset`s stay the whole log's). 409 if "
                                 "the job is not per-GPU or the run has no such rank",
                  "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RANK}}],
-            "responses": _answer("the page")}},
+            "responses": _answer("the page", schema=_ref("LogPage"))}},
         "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
                                               "parameters": [JOB_ID],
-                                              "responses": _answer("requested", "202")}},
+                                              "responses": _answer("requested", "202",
+                                                                   schema=_requested("cancel"))}},
         "/v1/jobs/{job_id}/suspend": {"post": {"summary": "checkpoint a running job now",
                                                "parameters": [JOB_ID],
-                                               "responses": _answer("requested", "202")}},
-        "/v1/runs": {"get": {"summary": "every launch segment", "responses": _answer("runs")}},
+                                               "responses": _answer("requested", "202",
+                                                                    schema=_requested("suspend"))}},
+        "/v1/runs": {"get": {"summary": "every launch segment",
+                             "responses": _answer("runs", schema=_ref("Runs"))}},
         "/v1/curves": {"get": {
             "summary": "each model's curve: the profile's, measured by runs, believed",
             "parameters": [{"name": "model", "in": "query", "schema": {
                 "type": "string", "minLength": 1, "pattern": "\\S"}}],
-            "responses": _answer("curves")}},
+            "responses": _answer("curves", schema=_ref("Curves"))}},
         "/v1/forecast": {"get": {
             "summary": "when each unfinished job should start and end, and the queue with it "
                        "(the simulator from now; `reason` says why not, when it cannot); "
@@ -269,9 +409,10 @@ SPEC = {
                        "count) and those waiting for them; a running job "
                        "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
                        "of the job)",
-            "responses": _answer("forecast")}},
+            "responses": _answer("forecast", schema=_ref("Forecast"))}},
         "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
-                                  "responses": _answer("started", "202")}},
+                                  "responses": _answer("started", "202", schema=_object({
+                                      "shutdown": {"const": "started"}}))}},
         "/v1/openapi.json": {"get": {"summary": "this description",
                                      "responses": _answer("OpenAPI 3.1")}},
         "/metrics": {"get": {
@@ -283,13 +424,18 @@ SPEC = {
                 **{code: {"description": why,
                           "content": {"application/json": {"schema": ERROR}}}
                    for code, why in (("401", "TCP without the broker's token"),
-                                     ("403", "another user"))}}}},
+                                     ("403", "another user"),
+                                     ("404", "the broker keeps no metrics"))}}}},
     },
     "components": {"securitySchemes": {"token": {
         "type": "http", "scheme": "bearer",
         "description": "on the TCP listener: the token in STATE_DIR/token (new at every "
                        "start); on the Unix socket, none"}}, "schemas": {
         "Job": JOB,
+        # the answers (daemon/views.py): every field, as the contract test checks
+        "Status": STATUS, "JobView": JOB_VIEW, "Jobs": JOBS, "JobDetail": JOB_DETAIL,
+        "Submitted": SUBMITTED, "Run": RUN, "Runs": RUNS, "LogPage": LOG, "Forecast": FORECAST,
+        "Curves": CURVES,
         "Error": {"type": "object", "required": ["error", "retry"], "properties": {
             "error": {"type": "string", "description": "what to change"},
             "field": {"type": "string", "description": "the field at fault"},

@@ -57,6 +57,7 @@ from marbled.api.openapi import (
     for_broker,
 )
 from marbled.core.admission import in_batch
+from marbled.core.environment import Environment
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES
@@ -64,6 +65,15 @@ from marbled.core.spec import MAX_NAME, JobSpec, SpecError
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
+MAX_BODY_ENV = "MARBLE_MAX_REQUEST_BYTES"  # a lower (or higher) limit, e.g. for tests
+
+
+def max_body() -> int:
+    """The largest request body the broker reads: MAX_BODY, or $MARBLE_MAX_REQUEST_BYTES
+    (at least 64 KiB). GET /v1/status says it (`max_request_bytes`), so that a client
+    sends a large job set in as many requests as it needs."""
+    raw = os.environ.get(MAX_BODY_ENV, "")
+    return max(int(raw), 65536) if raw.isascii() and raw.isdigit() else MAX_BODY
 
 
 class HttpRefusal(Refusal):
@@ -135,7 +145,7 @@ async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamR
     except Refusal as exc:
         return _error(status_of(exc), str(exc), exc.field, exc.retry)
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"request body too large; the limit is {MAX_BODY} bytes "
+        return _error(413, f"request body too large; the limit is {max_body()} bytes "
                            "(submit large job sets in several requests)")
     except web.HTTPException as exc:
         if exc.status >= 400:
@@ -179,6 +189,9 @@ async def _json_body(request: web.Request) -> object:
         # the parser's stack ends near 1,000 levels; a job set needs 4 ({"jobs": [{...: [...
         raise Invalid("the body nests arrays or objects too deeply to read; a job set needs "
                       "at most 4 levels ({\"jobs\": [{\"command\": [...]}]})", "body") from None
+
+
+SUBMISSION_FIELDS = {"jobs", "export", "env"}  # of a {"jobs": [...]} body (client_token: out)
 
 
 def _idempotency_key(request: web.Request, body: object) -> str | None:
@@ -231,19 +244,24 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     middlewares = [authorized(token), errors_as_json]
     if metrics is not None:
         middlewares.insert(0, counted(metrics.api_error))
-    app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+    limit = max_body()
+    app = web.Application(client_max_size=limit, middlewares=middlewares)
     routes = web.RouteTableDef()
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(views.status())
+        return web.json_response({**views.status(), "max_request_bytes": limit,
+                                  "max_jobs_per_request": MAX_JOBS_PER_REQUEST})
 
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:
         body = await _json_body(request)
         key = _idempotency_key(request, body)
-        many = isinstance(body, dict) and set(body) == {"jobs"}
+        many = isinstance(body, dict) and "jobs" in body and set(body) <= SUBMISSION_FIELDS
         docs = body["jobs"] if many else [body]
+        # the environment of every job that gives none of its own: sent once, checked once
+        shared = Environment.of(body) if many and ("export" in body or "env" in body) \
+            else None
         if not isinstance(docs, list) or not docs:
             raise Invalid("'jobs' must be a non-empty list of job objects", "jobs")
         if len(docs) > MAX_JOBS_PER_REQUEST:
@@ -253,7 +271,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         specs = []
         for i, doc in enumerate(docs):
             try:
-                specs.append(JobSpec.from_mapping(doc))
+                specs.append(JobSpec.from_mapping(doc, environment=shared))
             except SpecError as exc:
                 raise (in_batch(exc, i) if many else exc) from None
         # Admitted now; durable once the group commit that carries them is done (the

@@ -11,14 +11,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from marbled.batch.step import rank_file
+from marbled.batch.supervise import read_exit, step_exit_code
 from marbled.worker.protocol import read_json
 
 
@@ -66,6 +68,15 @@ class LaunchRequest:
     cwd: Path | None = None  # where the process runs (the job's chdir); None: `run_dir`
     per_gpu: bool = False  # one process (rank) per GPU of every node (marbled.batch.ranks)
     standby_ranks: int = 0  # a prestarted per-GPU run: the ranks to start waiting for the go
+    # The variables the run starts from, before `env`: the job's environment as its submitter
+    # exported it (core/environment.py); None: the broker's
+    base_env: Mapping[str, str] | None = None
+
+    def environment(self, leave_out: Collection[str] = ()) -> dict[str, str]:
+        """The run's environment: its base (the job's, or the broker's) but `leave_out`,
+        with `env` added."""
+        base = os.environ if self.base_env is None else self.base_env
+        return {**{k: v for k, v in base.items() if k not in leave_out}, **self.env}
 
     @property
     def workdir(self) -> Path:
@@ -177,19 +188,15 @@ class BatchSystem(ABC):
 # ------------------------------------------------------------------ runs as job steps
 
 def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if
+    it has exited, a zombie included (an orphan's, until init reaps it)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def exit_code(step_status: int) -> int:
-    """srun and jsrun exit with 128+N when signal N ended the task: report it as -N, as for
-    local runs."""
-    return -(step_status - 128) if 128 < step_status < 128 + 65 else step_status
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 @dataclass
@@ -217,10 +224,11 @@ class StepRun(ABC):
 
     async def wait(self) -> int | None:
         if self.process is not None:
-            return exit_code(await self.process.wait())
+            return step_exit_code(await self.process.wait())
         while self.alive():
             await asyncio.sleep(0.2)
-        return None  # an adopted step command is not our child: its status is not ours
+        # an adopted step command is not our child: its supervisor recorded its exit
+        return read_exit(self.info_file.parent, self.run_id)
 
     @abstractmethod
     def signal(self, sig: int) -> bool:

@@ -46,8 +46,10 @@
   seeing the set's GPUs (`--tasks_per_rs G`, or G ERF ranks per host), MASTER_ADDR the
   first host's name, MASTER_PORT free on the broker's host; the step shim turns
   JSM_NAMESPACE_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE into RANK, WORLD_SIZE, ...
-- The jsrun process is the broker's child; its exit status is the job's, 128+N
-  for a task ended by signal N as for srun (marbled.batch.base.exit_code).
+- The jsrun process runs under the run's supervisor, the broker's child (as srun's,
+  marbled.batch.local.start_process); its exit status is the job's, 128+N for a task
+  ended by signal N as for srun (marbled.batch.supervise.step_exit_code), and the
+  supervisor records it for a broker that restarts.
 - The environment of jsrun reaches the task (OLCF: `export OMP_NUM_THREADS=16`
   in the job script instead of `jsrun -E`), so the MARBLE_* variables need no -E.
 - So does its working directory: jsrun starts in the job's (where it was submitted
@@ -57,7 +59,7 @@
 from __future__ import annotations
 
 import logging
-import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +71,7 @@ from marbled.batch.base import (
     StepRun,
     process_start_time,
 )
-from marbled.batch.local import start_process
+from marbled.batch.local import signal_group, start_process
 from marbled.batch.ranks import rendezvous_env
 
 log = logging.getLogger("marbled")
@@ -124,15 +126,11 @@ class JsrunStep(StepRun):
     """One run: watched through its jsrun process, signalled through it too."""
 
     def signal(self, sig: int) -> bool:
-        """Send `sig` to jsrun, which passes it to the task; False if the run has ended."""
+        """Send `sig` to jsrun (through its supervisor's group: the supervisor outlives
+        it), which passes it to the task; False if the run has ended."""
         if not self.alive():
             return False
-        if sig:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                return False
-        return True
+        return not sig or signal_group(self.pid, sig)
 
 
 class JsrunLauncher(StepLauncher):
@@ -189,8 +187,10 @@ class JsrunLauncher(StepLauncher):
             erf_file.write_text(self.erf_for(parts, tasks // len(nodes)))
         argv = jsrun_argv(gpus, min(self.cpus_for(n, gpus) for n in nodes), info_file,
                           request.argv, self.extra_args, erf_file, len(nodes), request.per_gpu)
-        env = {**os.environ, **request.env}
+        env = request.environment()
         env.pop("CUDA_VISIBLE_DEVICES", None)  # JSM sets it inside the resource set
+        # jsrun as the broker finds it: the job's PATH (its submitter's) may not have it
+        argv[0] = shutil.which("jsrun") or "jsrun"
         if request.per_gpu:  # the step shim maps JSM_NAMESPACE_RANK... to RANK...
             env.update(rendezvous_env(nodes[0]))
         proc = await start_process(argv, request, env)

@@ -39,7 +39,7 @@ from marbled.batch.base import (
 )
 from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
 from marbled.batch.ranks import descendants, local_rank_envs
-from marbled.batch.supervise import read_exit
+from marbled.batch.supervise import STEP_FLAG, read_exit
 
 SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
@@ -206,7 +206,7 @@ class LocalLauncher:
         the run's exit itself. Any other run's process is marbled.batch.supervise, which
         records it: launch() returns once the command runs, and raises the OSError of a
         command that cannot start, as a direct start would."""
-        env = {**os.environ, **request.env, "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
+        env = {**request.environment(), "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
         argv = request.argv
         if request.per_gpu:
             ranks = request.standby_ranks or local_rank_envs(request.parts)
@@ -236,26 +236,57 @@ def _spawn_supervised(argv, request: LaunchRequest,
     kept it from starting (raised here, as Popen would)."""
     status_r, status_w = os.pipe()
     try:
-        proc, start = _spawn((sys.executable, "-I", "-S", SUPERVISOR, str(status_w), *argv),
-                             request, env, pass_fds=(status_w,))
+        proc, start = _spawn((*supervisor_argv(status_w), *argv), request, env,
+                             pass_fds=(status_w,))
     finally:
         os.close(status_w)
-    with os.fdopen(status_r, "rb") as status:
-        failed = status.read()
+    failed = _start_status(status_r)
     if failed:
         proc.wait()
-        errno = int(failed)
-        raise OSError(errno, os.strerror(errno), argv[0])
+        raise OSError(failed.errno, failed.strerror, argv[0])
     return proc, start
+
+
+def supervisor_argv(status_fd: int, step: bool = False) -> tuple[str, ...]:
+    """What starts a command under marbled.batch.supervise, which tells `status_fd` once it
+    runs; `step`: the command is a step command (srun, jsrun), whose exit it translates."""
+    return (sys.executable, "-I", "-S", SUPERVISOR, str(status_fd),
+            *((STEP_FLAG,) if step else ()))
+
+
+def _start_status(status_r: int) -> OSError | None:
+    """Read the supervisor's pipe to its end: None once its command runs, else the OSError
+    that kept the command from starting."""
+    with os.fdopen(status_r, "rb") as status:
+        failed = status.read()
+    if not failed:
+        return None
+    errno = int(failed)
+    return OSError(errno, os.strerror(errno))
 
 
 async def start_process(argv, request: LaunchRequest,
                         env: dict[str, str]) -> asyncio.subprocess.Process:
-    """Start `argv` for a run: in its own session, output to the run's logs, no stdin."""
-    with private_log(request.stdout) as out, private_log(request.stderr) as err:
-        return await asyncio.create_subprocess_exec(
-            *argv, cwd=request.workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=out, stderr=err, start_new_session=True)
+    """Start a step command `argv` for a run: under its supervisor, which records the step's
+    exit in the run's exit file (lifecycle I2: srun's status outlives the broker), in its
+    own session, output to the run's logs, no stdin; returns once `argv` runs."""
+    status_r, status_w = os.pipe()
+    try:
+        with private_log(request.stdout) as out, private_log(request.stderr) as err:
+            proc = await asyncio.create_subprocess_exec(
+                *supervisor_argv(status_w, step=True), *argv, cwd=request.workdir, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, pass_fds=(status_w,))
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)
+    failed = await asyncio.to_thread(_start_status, status_r)
+    if failed:
+        await proc.wait()
+        raise OSError(failed.errno, failed.strerror, argv[0])
+    return proc
 
 
 def private_log(path) -> BinaryIO:

@@ -21,7 +21,9 @@ MASTER_PORT free on the broker's host, docs/distributed.md.)
   info file, as nothing outside the step can see them.
 - Signals go through `scancel --signal=SIG J.STEP`: srun does not forward
   SIGTSTP (it stops itself), and the step may run on another node.
-- The srun process is the broker's child; its exit status is the job's.
+- The srun process runs under the run's supervisor (marbled.batch.supervise), the
+  broker's child, which records srun's exit status, the job's, in the run's exit file:
+  a step that ends while no broker watches is then known too (lifecycle I2).
 - `--chdir` runs the step where the job was submitted from (the job's directory on
   the shared file system), as sbatch and srun themselves do.
 """
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +54,7 @@ from marbled.batch.base import (
     Watched,
     process_start_time,
 )
-from marbled.batch.local import start_process
+from marbled.batch.local import signal_group, start_process
 from marbled.batch.ranks import rendezvous_env
 from marbled.batch.slurm_api import (
     CliReader,
@@ -211,7 +214,8 @@ class SlurmStep(StepRun):
         info = read_json(rank_file(self.info_file, 0))
         if not info or info.get("run_id") != self.run_id or not info.get("step_id"):
             return None  # the step never started
-        return step_end(stderr, f"{self.job_id}.{info['step_id']}")
+        # the step's own job: an earlier allocation's, for a run a later broker closes
+        return step_end(stderr, f"{info.get('job_id') or self.job_id}.{info['step_id']}")
 
     async def _deliver(self, sig: int, previous: asyncio.Task | None) -> None:
         if previous is not None:
@@ -227,7 +231,7 @@ class SlurmStep(StepRun):
             await proc.wait()
         elif sig in (signal.SIGTERM, signal.SIGKILL) and self.alive():
             # No step yet (srun still waits to create it): ending srun abandons the step.
-            os.kill(self.pid, signal.SIGKILL)
+            signal_group(self.pid, signal.SIGKILL)
 
 
 class SlurmLauncher(StepLauncher):
@@ -245,9 +249,10 @@ class SlurmLauncher(StepLauncher):
                          min(self.cpus_for(n, gpus) for n in nodes),
                          f"marble-{request.env.get('MARBLE_JOB_ID', '')}.{run_id}", info_file,
                          request.argv, self.extra_args, request.workdir, request.per_gpu)
-        env = {k: v for k, v in os.environ.items() if k not in _SHAPE_VARS}
-        env.update(request.env)
+        env = request.environment(leave_out=_SHAPE_VARS)
         env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it inside the step
+        # srun as the broker finds it: the job's PATH (its submitter's) may not have it
+        argv[0] = shutil.which("srun") or "srun"
         if request.per_gpu:  # the step shim maps SLURM_PROCID... to RANK...
             env.update(rendezvous_env(await asyncio.to_thread(node_address, nodes[0])))
         proc = await start_process(argv, request, env)

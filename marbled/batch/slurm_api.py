@@ -119,8 +119,14 @@ class PyslurmReader:
         if not cpus:
             raise AllocationError(f"job {job_id} lists no nodes (is it running?)")
         per_node = _gpus_per_node(job, len(cpus))
+        counts = dict.fromkeys(cpus, per_node)
+        if not per_node and job.get("shared") == "0":
+            # --exclusive with no GPU request: the job has every GPU of its nodes, which
+            # its TRES strings do not list (`scontrol show job -d` does: GRES=gpu:6(IDX:..))
+            every = self.pyslurm.node().get()
+            counts = {n: _node_gpus(every.get(n, {}).get("gres") or ()) for n in cpus}
         # Device names are slots: inside each step Slurm picks the indices (SLURM_STEP_GPUS)
-        nodes = {n: tuple(str(i) for i in range(per_node)) for n in cpus}
+        nodes = {n: tuple(str(i) for i in range(counts[n])) for n in cpus}
         end = _end(job)
         batch = job.get("batch_host") or None
         return Allocation(str(job["job_id"]), nodes, cpus, end.end_time, batch, source="slurm")
@@ -138,6 +144,12 @@ def _end(job: dict) -> AllocationEnd:
     if not isinstance(limit, int):  # "UNLIMITED", "Partition_Limit"
         return AllocationEnd(None, None)
     return AllocationEnd(float(job["end_time"]) if job.get("end_time") else None, limit)
+
+
+def _node_gpus(gres: list[str] | tuple) -> int:
+    """The GPUs a node has, from its configured GRES (pyslurm: ['gpu:6'], ['gpu:a100:4(S:0)'])."""
+    return sum(int(m.group(1)) for g in gres
+               if (m := re.match(r"gpu(?::[^:(,]+)?:(\d+)", g)))
 
 
 def _gpus_per_node(job: dict, nodes: int) -> int:

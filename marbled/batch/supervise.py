@@ -1,5 +1,6 @@
-"""`python -I -S supervise.py STATUS_FD ARGV...`: the process of every local run, which starts
-ARGV and records how it ended where the next broker finds it.
+"""`python -I -S supervise.py STATUS_FD [--step] ARGV...`: the process of every local run
+(and every step command), which starts ARGV and records how it ended where the next broker
+finds it.
 
 The broker that started a run may be gone when the run ends (a `kill -9`, a crash): the
 next broker adopts the run, but the run is not its child, so the exit status is not its
@@ -16,6 +17,10 @@ reads (`core/outcome.py`): the exit code, or minus the signal that ended the chi
   the child gets the default action; a signal this process inherited as ignored stays
   ignored, for the child too, as it would without it). SIGKILL ends it: no exit file
   then, as for a run the broker kills, which the broker sees end itself.
+- With STEP_FLAG before ARGV, ARGV is a batch system's step command (srun, jsrun): the
+  broker's host runs it, it lives as long as the step does, and its exit is the step's,
+  which the file records as step_exit_code reads it. A step that ends while no broker
+  watches is then known too, on any node and with any number of tasks.
 - STATUS_FD: a pipe to the broker, closed once ARGV runs; if ARGV cannot be started, the
   errno is written to it first and the broker raises the OSError a direct start would.
 - A prestarted process (MARBLE_STANDBY_FILE, no MARBLE_RUN_ID yet) learns its run from its
@@ -32,7 +37,14 @@ import sys
 import time
 
 STANDBY_VAR = "MARBLE_STANDBY_FILE"  # as marbled.worker.protocol names it
+STEP_FLAG = "--step"  # before ARGV: a step command's exit, as step_exit_code reads it
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP)
+
+
+def step_exit_code(status: int) -> int:
+    """A step command's exit as a run's code: srun and jsrun exit with 128+N when signal N
+    ended the task, which is -N, as for local runs."""
+    return -(status - 128) if 128 < status < 128 + 65 else status
 
 
 def exit_file_name(run_id: int | str) -> str:
@@ -121,7 +133,8 @@ def exit_as(code: int) -> None:
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     try:
-        signal.signal(sig, signal.SIG_DFL)
+        if sig != signal.SIGKILL:  # its action cannot be set, nor need it be
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
     except (OSError, ValueError):
@@ -131,8 +144,11 @@ def exit_as(code: int) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        sys.exit("usage: python -I -S supervise.py STATUS_FD ARGV...")
+        sys.exit("usage: python -I -S supervise.py STATUS_FD [--step] ARGV...")
     status_fd, command = int(argv[0]), argv[1:]
+    step = command[0] == STEP_FLAG
+    if step:
+        command = command[1:]
     caught = [sig for sig in CAUGHT if signal.getsignal(sig) != signal.SIG_IGN]
     for sig in caught:
         signal.signal(sig, _ignore)
@@ -161,7 +177,7 @@ def main(argv: list[str]) -> None:
         run_id = found[0]
     if run_dir and run_id:
         try:
-            write_exit(run_dir, run_id, code)
+            write_exit(run_dir, run_id, step_exit_code(code) if step else code)
         except OSError as exc:  # the run's end is still the broker's to see, if it lives
             os.write(2, f"marbled: cannot record the exit of run {run_id}: {exc}\n".encode())
     exit_as(code)

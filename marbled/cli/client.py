@@ -148,12 +148,15 @@ class BrokerClient:
         return doc
 
     def submit(self, body: object, retries: int = SUBMIT_RETRIES,
-               on_retry: Callable[[str], None] = lambda message: None) -> dict:
+               on_retry: Callable[[str], None] = lambda message: None,
+               key: str | None = None) -> dict:
         """POST /v1/jobs with an Idempotency-Key new to this call: when no answer comes (a
         timeout, a connection reset or closed before the answer), the same request is sent
         again with the same key, up to `retries` more times (`on_retry` says so), and the
-        broker answers a retry with the jobs of the first (200), never submitting twice."""
-        key = secrets.token_hex(16)
+        broker answers a retry with the jobs of the first (200), never submitting twice.
+        `key`: this key instead of a new one (a part of a large job set, sent again by a
+        later `marble submit` of the same file: marbled.cli.chunks)."""
+        key = key or secrets.token_hex(16)
         for attempt in range(retries + 1):
             try:
                 return self.request("POST", "/v1/jobs", body, {IDEMPOTENCY_HEADER: key})

@@ -74,6 +74,9 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
       marble submit --file jobs.yaml
       marble wait
       marble shutdown
+
+    Once the broker has stopped, status, show, explain, logs and schedule read
+    the records it left in the state directory (read-only), and say so.
     """
     ctx.obj = {"state_dir": (state_dir or default_state_dir()).absolute(), "url": url,
                "json": as_json}

@@ -30,6 +30,46 @@ def client(ctx: click.Context) -> BrokerClient:
     return BrokerClient(socket_path(root["state_dir"]))
 
 
+class Reader:
+    """The broker, for the commands that only read (status, show, explain, logs, schedule);
+    when none answers (no socket, or nobody listens on it: not a broker that answers with
+    an error), the records a stopped broker left in the state directory, read-only
+    (`offline_api.py`, imported only then). Which one is chosen at the first request, and
+    kept: a command reads one or the other, never both."""
+
+    def __init__(self, api: BrokerClient, state_dir):
+        self.api, self.state_dir = api, state_dir
+        self.offline = None  # the OfflineApi, once no broker answered
+        self.live = False  # a broker has answered
+
+    def get(self, path: str) -> dict:
+        if self.offline is not None:
+            return self.offline.get(path)
+        try:
+            answer = self.api.get(path)
+        except BrokerUnreachable as exc:
+            if self.live:
+                raise
+            from marbled.cli.offline_api import NoRecords, OfflineApi
+
+            try:
+                self.offline = OfflineApi(self.state_dir)
+            except NoRecords as why:
+                raise BrokerUnreachable(f"{exc} ({why})") from None
+            click.echo(self.offline.note, err=True)
+            return self.offline.get(path)
+        self.live = True
+        return answer
+
+    def post(self, path: str, body: object | None = None) -> dict:
+        return (self.offline or self.api).post(path, body)
+
+
+def reader(ctx: click.Context) -> Reader:
+    """`client(ctx)` for a command that only reads: the records when no broker answers."""
+    return Reader(client(ctx), ctx.find_root().obj["state_dir"])
+
+
 def call(fn: Callable, *args, place: Callable[[str | None], str | None] = lambda f: None):
     """A request to the broker; its refusal or absence as a one-line error. `place`: where
     the field a refusal names was read (e.g. 'jobs.yaml:3'), to say first; None if unknown."""

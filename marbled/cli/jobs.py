@@ -17,6 +17,7 @@ from marbled.cli.common import (
     left_out_text,
     output,
     profiled_option,
+    reader,
 )
 from marbled.core.spec import JobSpec, SpecError
 
@@ -51,7 +52,17 @@ from marbled.core.spec import JobSpec, SpecError
 @click.option("--file", "job_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Submit every job of a YAML job-set file (a list of jobs with these fields). "
                    "Its jobs run in the file's directory, or in their own 'chdir' (relative to "
-                   "the file's directory).")
+                   "the file's directory). One larger than a request may carry goes in "
+                   "several; run the same command again after a failure half-way to submit "
+                   "the rest (docs/api.md, 'Large job sets').")
+@click.option("--export", "export", default="ALL", show_default=True,
+              metavar="ALL|NONE|VAR[,VAR=value...]",
+              help="The environment the job runs in, as sbatch's --export: ALL, yours (with "
+                   "the modules you loaded and the venv you activated); NONE, the broker's; "
+                   "or the broker's with these variables (a name alone: its value here). "
+                   "The allocation's SLURM_*/LSB_* variables and the ones marbled sets "
+                   "(MARBLE_*, CUDA_VISIBLE_DEVICES, RANK...) are never taken from here "
+                   "(docs/environment.md). With --file: for the jobs that give no 'export'.")
 @click.option("--chdir", type=click.Path(path_type=Path, file_okay=False),
               help="Run the job in this directory (relative to this one). [default: the "
                    "directory marble submit runs in; with --file, the file's]")
@@ -59,7 +70,7 @@ from marbled.core.spec import JobSpec, SpecError
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulate, new_model,
-           job_file, chdir, as_json, command):
+           job_file, export, chdir, as_json, command):
     """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
 
     The job starts when the FIFO reaches it, in the directory it was submitted
@@ -67,8 +78,13 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
     set to its GPUs and MARBLE_* variables for the worker protocol
     (MARBLE_CHECKPOINT_DIR: where to keep its checkpoints).
     """
+    from marbled.core.environment import Environment
     from marbled.paths import workdir_problem
 
+    try:  # the environment the jobs share, sent once (a job file's may name their own)
+        shared = Environment.from_mapping(export, environ=os.environ)
+    except SpecError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--export'") from None
     if chdir is not None:
         chdir = os.path.abspath(chdir)
         problem = workdir_problem(chdir)
@@ -82,7 +98,7 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
             raise click.UsageError(
                 "--file takes every job from the file; give no other job options")
         try:
-            jobs = read_job_file(job_file)
+            jobs = read_job_file(job_file, os.environ, shared)
         except JobFileError as exc:
             raise click.ClickException(str(exc)) from None
         # a job file travels with its scripts: its jobs run in its directory, or their own
@@ -90,8 +106,11 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         here = os.path.dirname(os.path.abspath(job_file))
         specs = [s.run_from(here) if s.chdir or chdir is None else s.run_from(chdir)
                  for _, s in jobs]
+        problems: dict[str, str | None] = {}  # each directory looked at once
         for i, ((where, _), spec) in enumerate(zip(jobs, specs, strict=True), start=1):
-            problem = workdir_problem(spec.chdir)
+            if spec.chdir not in problems:
+                problems[spec.chdir] = workdir_problem(spec.chdir)
+            problem = problems[spec.chdir]
             if problem:
                 raise click.ClickException(f"{where}: job {i}: chdir: {problem}")
     else:
@@ -108,31 +127,59 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         if command:
             doc["command"] = list(command)
         try:
-            specs = [JobSpec.from_mapping({k: v for k, v in doc.items() if v is not None})
-                     .run_from(chdir or os.getcwd())]
+            specs = [JobSpec.from_mapping({k: v for k, v in doc.items() if v is not None},
+                                          environment=shared).run_from(chdir or os.getcwd())]
         except SpecError as exc:
             option = "COMMAND" if exc.field == "command" else f"--{exc.field.replace('_', '-')}"
             raise click.UsageError(f"{option}: {exc.message}") from None
-    body = {"jobs": [s.to_mapping() for s in specs]}
+    # the environment the jobs share goes once, a job's own only where it differs
+    body = {"jobs": [s.to_mapping(environment=False) | (
+        s.environment.to_mapping() if s.environment != shared else {}) for s in specs],
+        **shared.to_mapping()}
     for job in body["jobs"]:
         for key in [k for k, v in job.items() if v in (None, [], False)]:
             del job[key]
     # with a key of its own: sent again after a timeout, it cannot submit the jobs twice; a
     # refusal of a file's job (field 'jobs[1].steps') names its line, as the file's reader
     api = client(ctx)
-    result = call(lambda: api.submit(
-                      body, on_retry=lambda said: click.echo(f"marble submit: {said}", err=True)),
-                  place=lambda field: jobs[int(field[5:field.index("]")])][0]
-                  if job_file and field and field.startswith("jobs[") else None)
+
+    def place(field: str | None) -> str | None:
+        return jobs[int(field[5:field.index("]")])][0] \
+            if job_file and field and field.startswith("jobs[") else None
+
+    def say(said: str) -> None:
+        click.echo(f"marble submit: {said}", err=True)
+
+    bounds = None
+    if job_file:  # a job set larger than a request may carry goes in several (chunks.py)
+        from marbled.cli.chunks import ChunkFailed, limits, record_path, split
+
+        try:
+            bounds = split(body, *call(limits, api))
+        except ChunkFailed as exc:
+            raise click.ClickException(f"{job_file}: {exc}") from None
+    if bounds and len(bounds) > 1:
+        from marbled.cli.chunks import submit_in_chunks
+
+        record = record_path(ctx.find_root().obj["state_dir"], job_file, api.where)
+        try:
+            result = {"jobs": submit_in_chunks(api, body, bounds, record, job_file, place,
+                                               say)}
+        except ChunkFailed as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        result = call(lambda: api.submit(body, on_retry=say), place=place)
 
     def text() -> None:
-        from marbled.core.target import gpus_text
+        from marbled.core.target import shape_text
 
         for job in result["jobs"]:
             how = "auto" if job["malleable"] else "fixed"
+            shape = shape_text(job["demand"], job.get("nodes") or 1, job.get("nodes_min"),
+                               bool(job.get("per_gpu")))
             click.echo(f"submitted job {job['id']}"
                        + (f" ({job['name']})" if job["name"] else "")
-                       + f": {gpus_text(job['demand'])} ({how}"
+                       + f": {shape} ({how}"
                        + (", one process per GPU)" if job.get("per_gpu") else ")"))
             for note in job.get("notes", ()):
                 click.echo(f"note: job {job['id']}: {note} (say "
@@ -142,19 +189,58 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
     output(ctx, as_json, result, text)
 
 
-HEADER = (f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WANT':>4} "
-          f"{'GPUS':<12} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
+GPUS_WIDTH = 12  # the GPUS column's, unless a multi-node run's node names need more
 
 
-def _fmt_job(j: dict, forecast: dict, ends: dict | None = None) -> str:
+def header(gpus_width: int = GPUS_WIDTH) -> str:
+    return (f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WANT':>4} "
+            f"{'GPUS':<{gpus_width}} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
+
+
+HEADER = header()
+
+
+def gpus_cell(j: dict) -> str:
+    """The GPUS column: the GPU slots of a job's run ('0,1'), each node's behind its name on
+    several nodes, as Slurm names nodes ('n1:0,1 n2:0,1'); '-' for a job without a run."""
+    parts = j.get("parts")
+    if parts is None and j.get("node") and "," in j["node"]:  # a broker without "parts"
+        nodes = j["node"].split(",")
+        each = len(j["gpus"]) // len(nodes)
+        parts = [(n, j["gpus"][i * each:(i + 1) * each]) for i, n in enumerate(nodes)]
+    if parts and len(parts) > 1:
+        return " ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in parts)
+    return ",".join(map(str, j["gpus"])) or "-"
+
+
+def _fmt_job(j: dict, forecast: dict, ends: dict | None = None,
+             gpus_width: int = GPUS_WIDTH) -> str:
     steps = f"{j['step']}/{j['steps']}" if j["steps"] else str(j["step"] or "-")
-    gpus = ",".join(map(str, j["gpus"])) or "-"
+    gpus = gpus_cell(j)
     label = j["name"] or j["model"] or " ".join(j["command"])[:20]
     rate = f"{j['rate']:.3g}" if j.get("rate") else "-"
     eta = eta_text(j, forecast, ends)
     return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
-            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<12} {steps:>12} {rate:>8} "
+            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<{gpus_width}} {steps:>12} {rate:>8} "
             f"{eta:>7} {j['suspensions']:>4}")
+
+
+def per_gpu_text(job: dict) -> object:
+    """`marble show`'s per_gpu line: False, or its ranks (one process per GPU) and their
+    shape: those of its run while it runs, else those it asks for."""
+    from marbled.core.target import shape_text
+
+    if not job.get("per_gpu"):
+        return job.get("per_gpu")
+    if job.get("gpus") and job.get("node"):  # running: its run's
+        nodes, ranks = job["node"].count(",") + 1, len(job["gpus"])
+        low, shape = ranks, shape_text(ranks // nodes, nodes)
+    else:
+        nodes, fewest = job.get("nodes") or 1, job.get("nodes_min") or job.get("nodes") or 1
+        low, ranks = job["demand"] * fewest, job["demand"] * nodes
+        shape = shape_text(job["demand"], nodes, job.get("nodes_min"))
+    count = f"{ranks} rank{'s' if ranks != 1 else ''}" if low == ranks else f"{low}-{ranks} ranks"
+    return f"True: {count}, one process per GPU ({shape})"
 
 
 UNFINISHED = ("queued", "running", "suspending", "suspended")
@@ -196,7 +282,7 @@ def status(ctx, show_all, limit, as_json):
     profile until it has trained a second); a waiting job's ETA (~) and the queue's
     end come from the simulator, played from now on the jobs left (GET /v1/forecast).
     """
-    api = client(ctx)
+    api = reader(ctx)  # a stopped broker's records when none answers
     broker = call(api.get, "/v1/status")
     query = [] if show_all else [f"state={s}" for s in UNFINISHED]
     if limit:
@@ -214,12 +300,16 @@ def status(ctx, show_all, limit, as_json):
         from marbled.core.target import gpus_text
 
         nodes = "; ".join(f"{n}: {len(v['free'])}/{gpus_text(len(v['gpus']))} free"
-                          for n, v in broker["nodes"].items())
+                          if v["free"] is not None else f"{n}: {gpus_text(len(v['gpus']))}"
+                          for n, v in broker["nodes"].items())  # free: None, no broker
         click.echo(f"marbled {broker['pid']} policy={broker['policy']} "
                    f"profile={broker['profile']} {nodes}"
                    + (" DRAINING" if broker["draining"] else ""))
+        if storage_text(broker.get("storage")):
+            click.echo(storage_text(broker["storage"]))
         ends = {f["id"]: f["end_at"] for f in forecast["jobs"]}
-        lines = [HEADER, *(_fmt_job(j, forecast, ends) for j in jobs)]
+        width = max([GPUS_WIDTH, *(len(gpus_cell(j)) for j in jobs)])
+        lines = [header(width), *(_fmt_job(j, forecast, ends, width) for j in jobs)]
         if more:
             lines.append(f"... and {more} more ({', '.join(f'{n} {s}' for s, n in counted.items())}"
                          " in all; --limit 0 lists every one)")
@@ -236,6 +326,16 @@ def status(ctx, show_all, limit, as_json):
                           "ended": ended, "failed": failed}, text)
 
 
+def storage_text(storage: dict | None) -> str:
+    """What `status` says while the broker's store refuses writes (lifecycle I4); "" while
+    it takes them."""
+    if not storage or storage.get("ok", True):
+        return ""
+    return (f"STORAGE: {storage.get('reason') or 'the state directory refuses writes'}; "
+            f"{storage.get('held', 0)} write(s) held in memory, written once it takes them "
+            "again. Running jobs go on; submissions are refused (503) meanwhile.")
+
+
 @click.command()
 @click.argument("ref", metavar="JOB")
 @json_option
@@ -243,7 +343,7 @@ def status(ctx, show_all, limit, as_json):
 def show(ctx, ref, as_json):
     """One job (an id or a name) with its runs (launch segments) and events, and why it is
     where it is."""
-    api = client(ctx)
+    api = reader(ctx)
     job = call(api.get, f"/v1/jobs/{job_id(api, ref)}")
 
     def text() -> None:
@@ -253,7 +353,8 @@ def show(ctx, ref, as_json):
         for key in ("id", "name", "model", "steps", "state", "role", "node", "gpus", "want",
                     "gpus_request", "nodes", "malleable", "per_gpu", "step", "suspensions",
                     "after", "command", "chdir", "exit_code", "reason", "why"):
-            value = {"want": want, "nodes": nodes}.get(key, job.get(key))
+            value = {"want": want, "nodes": nodes,
+                     "per_gpu": per_gpu_text(job)}.get(key, job.get(key))
             click.echo(f"{key + ':':<14}{'-' if value is None else value}")
         click.echo("runs:")
         for r in job["runs"]:
@@ -283,7 +384,7 @@ def explain(ctx, ref, as_json):
     why it was suspended or promoted, and what failed. `marble show` ends with the
     same lines.
     """
-    api = client(ctx)
+    api = reader(ctx)
     job = call(api.get, f"/v1/jobs/{job_id(api, ref)}")
     doc = {"id": job["id"], "state": job["state"], "reasons": job["reasons"]}
 
@@ -295,23 +396,105 @@ def explain(ctx, ref, as_json):
     output(ctx, as_json, doc, text)
 
 
-def _ask(ctx, as_json: bool, jobs: tuple[str, ...], what: str) -> None:
-    """POST /v1/jobs/ID/`what` for each job (an id or a name), in order (stops at the first
-    refusal)."""
+def _ask(ctx, as_json: bool, refs: list[str], what: str, ids: list[int] | None = None,
+         summary_only: bool = False) -> None:
+    """POST /v1/jobs/ID/`what` for each job (an id or a name; or each of `ids`): every one
+    it can; each one refused (or a name no job has) is reported with the broker's reason,
+    and the command then exits 1."""
+    from urllib.parse import quote
+
+    from marbled.cli.client import ApiError, BrokerUnreachable
+
     api = client(ctx)
-    answers = [call(api.post, f"/v1/jobs/{job_id(api, ref)}/{what}") for ref in jobs]
-    output(ctx, as_json, {"requested": answers}, lambda: [
-        click.echo(f"{what} requested for job {a['id']}") for a in answers])
+    results = []
+    for ref in ([str(i) for i in ids] if ids is not None else refs):
+        result: dict = {"job": ref, "id": None, "ok": False}
+        try:
+            if ref.isascii() and ref.isdigit():
+                result["id"] = int(ref)
+            else:
+                named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
+                if not named:
+                    raise ApiError(404, f"no job is named '{ref}' (give a job id or name; "
+                                        "'marble status --all' lists them)", "name")
+                result["id"] = named[-1]["id"]  # the last job so named, as --after reads it
+            api.post(f"/v1/jobs/{result['id']}/{what}")
+            result["ok"] = True
+        except ApiError as exc:
+            result.update(status=exc.status, error=str(exc))
+        except BrokerUnreachable as exc:
+            raise click.ClickException(str(exc)) from None
+        results.append(result)
+    failed = [r for r in results if not r["ok"]]
+    done = len(results) - len(failed)
+
+    def text() -> None:
+        if not summary_only:
+            for r in results:
+                if r["ok"]:
+                    click.echo(f"{what} requested for job {r['id']}")
+        for r in failed:
+            # the broker's reason names the job by its id; a name is said first
+            label = "" if r["job"] == str(r["id"]) else f"{r['job']}: "
+            click.echo(f"marble {what}: {label}{r['error']}", err=True)
+        if summary_only or failed:
+            line = f"{what} requested for {done} job{'' if done == 1 else 's'}"
+            if failed:
+                line += (f"; {len(failed)} could not be: "
+                         + "; ".join(r["error"] for r in failed[:3])
+                         + ("; ..." if len(failed) > 3 else ""))
+            click.echo(line, err=bool(failed))
+
+    output(ctx, as_json, {"requested": [{"id": r["id"], what: "requested"} for r in results
+                                        if r["ok"]],
+                          "results": results, "failed": len(failed)}, text)
+    if failed:
+        ctx.exit(1)
+
+
+def _selected(ctx, refs: tuple[str, ...], every: bool, states: tuple[str, ...],
+              what: str) -> list[int] | None:
+    """The ids `--all` / `--state` select (None: the JOB arguments do); a usage error for a
+    selection that says nothing or too much. Queued and suspended ones come first, each
+    from the back of the FIFO, so that none of them starts in the GPUs a running one frees."""
+    if refs and (every or states):
+        given = "--all" if every else "--state"
+        raise click.UsageError(f"{given} selects the jobs to {what} itself: give either job ids "
+                               f"or names, or {given}, not both (drop the JOB arguments, or "
+                               f"{given})")
+    if every and states:
+        raise click.UsageError(f"--all already takes every unfinished job: drop --all to "
+                               f"{what} only those in --state {' / '.join(states)}")
+    if not refs and not every and not states:
+        raise click.UsageError(f"give the jobs to {what} (ids or names), or --all for every "
+                               f"unfinished job, or --state STATE for those in a state")
+    if not every and not states:
+        return None
+    api = client(ctx)
+    query = "&".join(f"state={s}" for s in (states or UNFINISHED))
+    jobs = call(api.get, f"/v1/jobs?{query}")["jobs"]
+    waiting = [j["id"] for j in reversed(jobs) if j["state"] in ("queued", "suspended")]
+    return waiting + [j["id"] for j in jobs if j["state"] not in ("queued", "suspended")]
 
 
 @click.command()
-@click.argument("jobs", metavar="JOB...", nargs=-1, required=True)
+@click.argument("jobs", metavar="[JOB]...", nargs=-1)
+@click.option("--all", "every", is_flag=True,
+              help="Cancel every job that has not ended (give no JOB then).")
+@click.option("--state", "states", multiple=True, type=click.Choice(UNFINISHED),
+              help="Cancel every job in this state (give no JOB then). Repeatable.")
 @json_option
 @click.pass_context
-def cancel(ctx, jobs, as_json):
-    """Cancel jobs (ids or names): queued ones are dropped, running ones are stopped (SIGTERM,
-    then SIGKILL)."""
-    _ask(ctx, as_json, jobs, "cancel")
+def cancel(ctx, jobs, every, states, as_json):
+    """Cancel jobs (ids or names, or --all, or --state): queued ones are dropped, running
+    ones are stopped (SIGTERM, then SIGKILL).
+
+    Each job it can is cancelled; each one it cannot (it has ended, no job has that name)
+    is named with the reason, and marble cancel then exits 1. With --all or --state it
+    says how many it cancelled, and which could not be.
+    """
+    ids = _selected(ctx, jobs, every, states, "cancel")
+    _ask(ctx, as_json, list(jobs), "cancel", ids, summary_only=ids is not None)
 
 
 @click.command()
@@ -322,8 +505,10 @@ def suspend(ctx, jobs, as_json):
     """Checkpoint running jobs now; each resumes (on its optimal GPUs) when its turn comes.
 
     Only jobs with --gpus auto can be suspended; the job must speak the worker protocol.
+    Each job it can is suspended; each one it cannot is named with the reason, and
+    marble suspend then exits 1.
     """
-    _ask(ctx, as_json, jobs, "suspend")
+    _ask(ctx, as_json, list(jobs), "suspend")
 
 
 @click.command()
@@ -336,7 +521,7 @@ def schedule(ctx, as_json, width, profiled):
     started: real ones, or with --profiled the emulated jobs' profiled ones)."""
     from marbled.cli.schedule import clock, format_gantt, format_table, schedule_rows
 
-    api = client(ctx)
+    api = reader(ctx)
     broker = call(api.get, "/v1/status")
     runs = call(api.get, "/v1/runs")
     jobs = {j["id"]: j for j in call(api.get, "/v1/jobs")["jobs"]}

@@ -3,7 +3,8 @@
 Each run of a job (a launch segment: a job suspended and resumed has several) writes
 its own STATE_DIR/jobs/<id>/run-<run>.stdout.log and .stderr.log; the broker serves them
 a page at a time (GET /v1/jobs/{id}/log), and this command reads them from there, so it
-works as well from another node (--url) as on the broker's."""
+works as well from another node (--url) as on the broker's. Once the broker has stopped,
+the same pages come from the state directory (`offline_api.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from urllib.parse import urlencode
 import click
 
 from marbled.cli.client import BrokerClient
-from marbled.cli.common import FINAL, call, client, job_id, json_option, output
+from marbled.cli.common import FINAL, call, job_id, json_option, output, reader
 
 
 def page(api: BrokerClient, job: int, stream: str, run: int | None = None,
@@ -103,7 +104,8 @@ def follow(api: BrokerClient, job: int, stream: str, run: int | None,
                 if later:
                     after = (later[0], 0, lines if later[0] in older else None)
         if after is None:
-            if doc["state"] in FINAL and (current is None or current["ended_at"] is not None):
+            if doc["state"] in FINAL and (current is None or current["ended_at"] is not None) \
+                    or getattr(api, "offline", None):  # a stopped broker's: nothing comes
                 return doc["state"]
             time.sleep(interval)
             after = (run, offset, None)
@@ -154,7 +156,7 @@ def logs(ctx, ref, following, stderr, run_id, all_runs, rank, lines, interval, a
     as_json = as_json or (ctx.find_root().obj or {}).get("json")
     if following and as_json:
         raise click.UsageError("-f prints text as it comes; leave out --json")
-    api = client(ctx)
+    api = reader(ctx)  # a stopped broker's records when none answers
     job = job_id(api, ref)
     stream = "stderr" if stderr else "stdout"
     printer = Printer(headers=following or all_runs)

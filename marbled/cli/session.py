@@ -47,15 +47,29 @@ def ready(ctx, timeout, as_json):
 def wait(ctx, timeout, interval, quiet, as_json):
     """Wait until every job has ended, showing progress.
 
-    Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out.
+    Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out, 3 the
+    broker stopped (drained) before every job ended: a note says so, not an error.
     """
     api = client(ctx)
     start = time.monotonic()
     bar = _Bar() if sys.stderr.isatty() and not quiet else None
     last_line = 0.0
+    answered = False  # the broker has answered: if it stops now, it has drained
+
+    def poll() -> list[dict]:
+        try:
+            return api.get("/v1/jobs")["jobs"]
+        except (BrokerUnreachable, ConnectionError) as exc:
+            if not answered:
+                raise
+            if bar:
+                bar.stop()
+            _stopped(ctx, as_json, exc)
+
     try:
         while True:
-            jobs = call(api.get, "/v1/jobs")["jobs"]
+            jobs = call(poll)
+            answered = True
             counts: dict[str, int] = {}
             for j in jobs:
                 counts[j["state"]] = counts.get(j["state"], 0) + 1
@@ -82,6 +96,33 @@ def wait(ctx, timeout, interval, quiet, as_json):
     finally:
         if bar:
             bar.stop()
+
+
+def _stopped(ctx: click.Context, as_json: bool, exc: Exception) -> None:
+    """The broker stopped while `marble wait` waited (it drained: the allocation's end, a
+    shutdown): what its records say, as a note, not an error (a batch script's normal end);
+    exit status 0 or 1 if every job had ended, else 3."""
+    from marbled.cli.offline_api import NoRecords, OfflineApi  # only now: no broker answers
+
+    root = ctx.find_root().obj
+    try:
+        records = OfflineApi(root["state_dir"])
+    except NoRecords:
+        click.echo(f"marble wait: the broker stopped before every job ended ({exc})", err=True)
+        ctx.exit(3)
+    try:
+        jobs = records.get("/v1/jobs")["jobs"]
+    finally:
+        records.close()
+    left = [j for j in jobs if j["state"] not in FINAL]
+    if not left:
+        output(ctx, as_json, {"jobs": jobs}, lambda: None)
+        ctx.exit(0 if all(j["state"] == "done" for j in jobs) else 1)
+    click.echo(f"marble wait: the broker stopped (it drained) with {len(left)} of {len(jobs)} "
+               "jobs not ended; a marbled started on this state directory carries on "
+               "('marble status' shows them)", err=True)
+    output(ctx, as_json, {"jobs": jobs, "stopped": True}, lambda: None)
+    ctx.exit(3)
 
 
 class _Bar:

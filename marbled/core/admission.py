@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from marbled.core.errors import Invalid, NotFound, Refusal, Unavailable
+from marbled.core.errors import Invalid, Never, NotFound, Refusal, Unavailable
 from marbled.core.model import Job, State
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ProfileBook
@@ -28,10 +28,12 @@ class Admitted:
 
 def admit(specs: list[JobSpec], *, first_id: int, state: State, book: ProfileBook,
           policy: Policy, names: Mapping[str, int],
-          workdir_problem: Callable[[str], str | None] = lambda path: None) -> list[Admitted]:
+          workdir_problem: Callable[[str], str | Refusal | None] = lambda path: None
+          ) -> list[Admitted]:
     """The jobs for `specs`, numbered from `first_id`; raises SpecError (naming the job of
-    the batch and the field) or Unavailable, and then accepts none of them.
-    `workdir_problem` says what keeps a job from running in its `chdir` (None: nothing)."""
+    the batch and the field), NotFound, Never or Unavailable, and then accepts none of them.
+    `workdir_problem` says what keeps a job from running in its `chdir` (None: nothing): the
+    refusal to raise, or a text (bad input, a SpecError)."""
     if not state.nodes:
         raise Unavailable("the broker has no GPUs")
     node_max = state.max_node_size
@@ -44,6 +46,8 @@ def admit(specs: list[JobSpec], *, first_id: int, state: State, book: ProfileBoo
             if spec.chdir is not None and spec.chdir not in workdirs:  # once a directory
                 workdirs[spec.chdir] = workdir_problem(spec.chdir)
             problem = workdirs.get(spec.chdir)
+            if isinstance(problem, Refusal):
+                raise problem
             if problem:
                 raise SpecError("chdir", problem)
             sizing = size_job(spec, book, node_max, len(state.nodes))
@@ -54,7 +58,7 @@ def admit(specs: list[JobSpec], *, first_id: int, state: State, book: ProfileBoo
             never = policy.feasible(job, state)
             if never:
                 raise SpecError(*never)
-        except (SpecError, NotFound) as exc:
+        except (SpecError, NotFound, Never) as exc:
             if len(specs) == 1:
                 raise
             raise in_batch(exc, i) from None
@@ -69,22 +73,26 @@ def admit(specs: list[JobSpec], *, first_id: int, state: State, book: ProfileBoo
 
 def in_batch(exc: Refusal, i: int) -> Refusal:
     """A refusal of job `i` (from 0) of a batch: the message counts as people (and a job
-    file's reader) do, 'job 2: steps: ...'; `field` is the request's JSON path, 'jobs[1].steps'."""
-    kind = NotFound if isinstance(exc, NotFound) else Invalid
+    file's reader) do, 'job 2: steps: ...'; `field` is the request's JSON path, 'jobs[1].steps'.
+    It keeps its kind (its HTTP status): not found, never, else bad input."""
+    kind = NotFound if isinstance(exc, NotFound) else Never if isinstance(exc, Never) \
+        else Invalid
     return kind(f"job {i + 1}: {exc}", f"jobs[{i}].{exc.field}")
 
 
 def _dependency(ref: int | str, job_id: int, first_id: int, end_id: int, state: State,
                 names: Mapping[str, int], batch_names: Mapping[str, int]) -> int:
     """The id of the earlier job `ref` names. A job that does not exist is NotFound (404);
-    one of this batch that is not earlier (itself, a later one) is bad input."""
+    so is one of this batch that is not earlier (itself, a later one): there is no earlier
+    job with that id, and a client cannot know the ids its request will get (no document can
+    refuse it: the request is well formed)."""
     dep = batch_names.get(ref, names.get(ref)) if isinstance(ref, str) else ref
     hint = "give the id or name of a job submitted before this one"
     if dep is None:
         raise NotFound(f"after: no job is named '{ref}' ({hint})", "after")
     if job_id <= dep < end_id:
         which = "this job" if dep == job_id else "later in this request"
-        raise SpecError("after", f"job {dep} is {which}, not an earlier job ({hint})")
+        raise NotFound(f"after: job {dep} is {which}, not an earlier job ({hint})", "after")
     if dep >= end_id or (dep < first_id and dep not in state.jobs):
         raise NotFound(f"after: there is no job {dep} ({hint})", "after")
     return dep

@@ -22,6 +22,14 @@ class Invalid(Refusal):
     """Bad input: a field's value can never be accepted."""
 
 
+class SpecError(Invalid, ValueError):
+    """Bad input in a job's fields; `field` names what to fix."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}", field)
+        self.message = message
+
+
 class NotFound(Refusal):
     """No such job."""
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from marbled.core.failures import error_line
 from marbled.core.model import Job, JobState, Role, State
-from marbled.core.policy.base import Policy, reshape_pays, settled
+from marbled.core.policy.base import Policy, role_now, settled
 from marbled.core.target import Target, gpus_text
 
 RUN_STARTS = ("started", "resumed")
@@ -23,18 +24,21 @@ def _when(seconds: float) -> str:
 
 def reasons(job: Job, state: State, policy: Policy, now: float,
             history: Iterable[tuple[str, dict]] = (), expected_start: float | None = None,
-            aim: Target | None = None, scale: float = 1.0) -> list[str]:
+            aim: Target | None = None, scale: float = 1.0,
+            ends: dict[int, float] | None = None) -> list[str]:
     """Lines of explanation, most important first. `history`: the job's events in order as
     (kind, data); `expected_start`: the forecast's start for a waiting job; `aim`: its target
     count and why (`core.target`, what `marble curves` and `status` show); `scale`: real
     seconds per profiled second of an emulated job (its speeds are real, with the profiled
-    figure `marble curves` shows beside them)."""
+    figure `marble curves` shows beside them); `ends`: when each running job ends at its own
+    speed, the ETA `status` shows (else the policy's expectation is used)."""
     events = list(history)
     lines = [f"it has ended: {job.state.value}" if job.state.finished
              else f"it {policy.explain(job, state, now)}"]
     lines += _count(job, state, policy, now, aim, scale)
     if job.state in (JobState.QUEUED, JobState.SUSPENDED) and job.resume_on is None:
-        lines += _wait(job, state, now, expected_start)
+        lines += _wait(job, state, now, expected_start, ends)
+        lines += _overtaken(job, state, policy)
     lines += _past(events)
     return lines
 
@@ -74,12 +78,13 @@ def _count(job: Job, state: State, policy: Policy, now: float, aim: Target | Non
             out.append(f"on its {gpus_text(have)} it trains at {rate:.3g} steps/s, "
                        f"{100 * rate / best:.0f}% of that; {gpus_text(free)} of "
                        f"{job.placement.node} {'is' if free == 1 else 'are'} free now")
-        if job.role is Role.SECONDARY and job.move:
+        secondary = role_now(job, state, policy.promotes) is Role.SECONDARY
+        if secondary and job.move:
             out.append(f"what was learned of its model raised its count ({job.move}): it is "
                        f"moved to {gpus_text(job.demand)} when they are free"
                        if policy.promotes else f"the {policy.name} policy does not move a "
                        "running job: its next run uses the new count")
-        elif job.role is Role.SECONDARY:
+        elif secondary:
             out.append("it runs as a secondary on GPUs the jobs ahead left over"
                        + ("; it is promoted (suspended and resumed on more GPUs) when they "
                           "free up" if policy.promotes else ""))
@@ -91,23 +96,40 @@ def _count(job: Job, state: State, policy: Policy, now: float, aim: Target | Non
 
 def _shrink(job: Job, policy: Policy, now: float) -> str:
     """Whether and when a job above its count is brought down to it."""
+    if not policy.shrinks and policy.reshapes:
+        return (f"the {policy.name} policy sizes running jobs by the load, not by this count "
+                f"({policy.summary})")
     if not policy.shrinks:
         return (f"the {policy.name} policy does not move a running job to fewer GPUs; its "
                 "next run uses its count")
+    if policy.shrinks_now(job, now):  # the rule the policy's decisions use: one truth
+        return f"it is being moved to {gpus_text(job.demand)} ({job.move or 'its optimum'})"
+    if job.nodes > 1:
+        return (f"the {policy.name} policy does not move a job on several nodes to fewer "
+                "GPUs; its next run uses its count")
     if not settled(job, now):
         return "it is moved once its run has lasted longer than a move costs"
-    if reshape_pays(job, job.demand, now) is False:
-        return "moving it would cost more time than it saves, so it keeps them to its end"
-    return f"it is being moved to {gpus_text(job.demand)} ({job.move or 'its optimum'})"
+    return "moving it would cost more time than it saves, so it keeps them to its end"
 
 
-def _wait(job: Job, state: State, now: float, expected_start: float | None) -> list[str]:
-    """When a waiting job should start."""
+def _overtaken(job: Job, state: State, policy: Policy) -> list[str]:
+    """The later jobs that run while it waits, and the rule that let them go first."""
+    later = [j.id for j in state.engaged() if j.id > job.id and j.placement is not None]
+    if not later:
+        return []
+    shown = ", ".join(str(i) for i in sorted(later)[:5]) + (", ..." if len(later) > 5 else "")
+    return [f"{len(later)} later job(s) run while it waits ({shown}): {policy.overtaking}"]
+
+
+def _wait(job: Job, state: State, now: float, expected_start: float | None,
+          ends: dict[int, float] | None = None) -> list[str]:
+    """When a waiting job should start; `ends`: the running jobs' ETAs (see `reasons`)."""
     out = []
-    ends = sorted((j.expected_end, j.id) for j in state.jobs.values()
-                  if j.placement is not None and j.expected_end is not None)
-    if ends:
-        end, other = ends[0]
+    running = [j.id for j in state.jobs.values() if j.placement is not None]
+    soonest = sorted((end, i) for i in running
+                     if (end := (ends or {}).get(i, state.jobs[i].expected_end)) is not None)
+    if soonest:
+        end, other = soonest[0]
         out.append(f"the next run to end is job {other}'s, {_when(max(end - now, 0.0))}")
     if expected_start is not None:
         back_off = job.not_before if job.not_before is not None and job.not_before > now \
@@ -138,9 +160,11 @@ def _past(events: list[tuple[str, dict]]) -> list[str]:
     asked_for, acked, ended = None, False, None  # of the run so far
     acked_before = True  # the run before the current one left the step it was expected to
     checkpointed, forced, outran = [], [], []  # suspension requests, by how the run ended
-    fallbacks = []
+    fallbacks, held = [], []
     for kind, d in events:
-        if kind == "suspend-requested":
+        if kind == "reshape-held":
+            held.append(d.get("reason"))
+        elif kind == "suspend-requested":
             asked_for = d.get("reason")
         elif kind == "acknowledged":
             acked = True
@@ -185,11 +209,18 @@ def _past(events: list[tuple[str, dict]]) -> list[str]:
     if outran:
         out.append(f"asked to suspend {len(outran)} time(s), but its run ended first: "
                    + "; ".join(outran))
+    if held:
+        out.append(f"a move was held {len(held)} time(s) until its run had trained its first "
+                   "step (moving it sooner would throw its start-up away): "
+                   + "; ".join(str(r) for r in held))
     for kind, data in events:
         if kind == "failed":
-            tail = str(data.get("stderr_tail") or "").strip().splitlines()
+            # a per-GPU run's detail quotes its failing rank's error already; else the
+            # traceback's exception or the last line, never the launcher's own summary
+            error = None if data.get("error") else \
+                error_line(str(data.get("stderr_tail") or "").splitlines())
             out.append(f"a run failed: {data.get('detail') or 'no detail'}"
-                       + (f"; its stderr ends: {tail[-1][:200]}" if tail else ""))
+                       + (f"; its stderr ends: {error}" if error else ""))
     for data, acknowledged in fallbacks:
         if acknowledged:
             out.append(f"a run restored an older checkpoint than the one acknowledged: {data}")

@@ -368,6 +368,16 @@ class State:
         """The job ended for good: DONE, FAILED or CANCELLED."""
         return self._put(self._finish(self.jobs[job_id], state))
 
+    def withdraw(self, job_id: int) -> None:
+        """Forget a queued job that was never accepted (the store refused its submission):
+        no count, queue or dependency keeps it."""
+        job = self._put(self._finish(self.jobs[job_id], JobState.CANCELLED))
+        del self.jobs[job_id]
+        del self._ids[bisect_left(self._ids, job_id)]
+        for dep in job.after:
+            self._dependents.get(dep, set()).discard(job_id)
+        self._broken.discard(job_id)
+
     def expect(self, job_id: int, end: float | None) -> Job:
         """The driver's estimate of when the job's current run ends (policies that weigh the
         remaining time read it; the profile curve gives it)."""

@@ -87,6 +87,24 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
     return RunEnd(outcome, why or "suspended", end_step)
 
 
+# How a batch system ends the steps of an allocation that ends: SIGTERM, then SIGKILL
+# (Slurm: SIGCONT and SIGTERM, KillWait later SIGKILL); srun's own SIGINT or SIGHUP
+ALLOCATION_END_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT,
+                                    signal.SIGHUP})
+
+
+def ended_with_allocation(code: int | None, said: dict | None) -> bool:
+    """Whether a run whose node left with its allocation was ended by that end, not by
+    itself: it exited non-zero, and the batch system's record says it ended the step (not
+    for running out of memory), or a signal the batch system ends steps with killed it.
+    Such an exit is not the job's failure: it runs again from its last checkpoint."""
+    if not code:
+        return False
+    if said is not None:
+        return said.get("state") != "OUT_OF_MEMORY"
+    return code < 0 and -code in ALLOCATION_END_SIGNALS
+
+
 def _recovered_why(outcome: JobState, ack: dict | None, end_step: int | None,
                    code: int | None, why: str | None) -> str | None:
     """How a run that ended while no broker watched did end: its recorded exit code, or

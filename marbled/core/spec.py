@@ -9,7 +9,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from marbled.core.errors import Invalid
+from marbled.core.environment import Environment
+from marbled.core.errors import SpecError
 from marbled.core.profiles import ProfileBook, model_key
 
 MAX_STEPS = 10**12
@@ -20,14 +21,6 @@ MAX_COMMAND_ARGS = 4096
 MAX_NODES = 10_000
 MAX_RETRIES = 100
 MAX_PATH = 4096  # Linux's PATH_MAX
-
-
-class SpecError(Invalid, ValueError):
-    """Bad input; `field` names what to fix."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}", field)
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -51,12 +44,19 @@ class JobSpec:
     # A node range, as Slurm's --nodes=MIN-MAX: the job's GPUs (`gpus` x `nodes`) may run on
     # any count from nodes_min to `nodes` that divides them (core/policy/spread.py); None: `nodes`
     nodes_min: int | None = None
+    # Its environment (core/environment.py): the default is the broker's
+    environment: Environment = Environment()
 
     FIELDS = ("command", "emulate", "model", "steps", "gpus", "after", "name", "nodes",
-              "retries", "chdir", "new_model", "per_gpu")
+              "retries", "chdir", "new_model", "per_gpu", "export", "env")
 
     @classmethod
-    def from_mapping(cls, doc: object) -> JobSpec:
+    def from_mapping(cls, doc: object, environ: Mapping[str, str] | None = None,
+                     environment: Environment | None = None) -> JobSpec:
+        """A job from its fields. Its `export` and `env` (if it has either) are resolved
+        against `environ`, the submitter's environment (None at the broker: see
+        Environment.from_mapping); a job with neither runs in `environment` (a request's
+        own, or the default: the broker's)."""
         if not isinstance(doc, Mapping):
             raise SpecError("job", "must be an object with at least 'command' or 'emulate'")
         unknown = sorted(set(doc) - set(cls.FIELDS))
@@ -159,8 +159,10 @@ class JobSpec:
         if emulate and (model is None or steps is None):
             raise SpecError("model" if model is None else "steps",
                             "an emulated job needs both 'model' and 'steps'")
+        if "export" in doc or "env" in doc:
+            environment = Environment.of(doc, environ)
         return cls(command, emulate, model, steps, gpus, tuple(after), name, nodes, retries,
-                   chdir, new_model, per_gpu, nodes_min)
+                   chdir, new_model, per_gpu, nodes_min, environment or Environment())
 
     def run_from(self, base: str) -> JobSpec:
         """This job with an absolute `chdir`: its own joined to the absolute directory `base`
@@ -177,7 +179,11 @@ class JobSpec:
         """'2', or a range '1-2' (what `marble submit --nodes` and job files take)."""
         return str(self.nodes) if self.nodes_min is None else f"{self.nodes_min}-{self.nodes}"
 
-    def to_mapping(self) -> dict:
+    def to_mapping(self, environment: bool = True) -> dict:
+        """Its fields as the API takes them; its environment too (unless the default), but
+        not with `environment` False (a request gives the environment its jobs share)."""
+        env = self.environment.to_mapping() \
+            if environment and not self.environment.is_default else {}
         return {
             "command": list(self.command),
             "emulate": self.emulate,
@@ -191,6 +197,7 @@ class JobSpec:
             "chdir": self.chdir,
             "new_model": self.new_model,
             "per_gpu": self.per_gpu,
+            **env,
         }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Coroutine
 from dataclasses import replace
@@ -40,6 +41,20 @@ from marbled.store.db import Store, request_digest
 log = logging.getLogger("marbled")
 
 
+def workdir_refusal(path: str) -> NotFound | Never | str | None:
+    """What keeps a job from running in `path` (its `chdir`), as the API answers it: a
+    relative path is bad input (400; the OpenAPI document refuses it too); a directory that
+    is not there (nothing, or a file) is not found (404), as an `after` that names no job:
+    the request is well formed, and no document can list the host's directories; one that
+    cannot be entered is a 409 (never, for this path)."""
+    problem = workdir_problem(path)
+    if problem is None or not os.path.isabs(path):
+        return problem
+    if not os.path.isdir(path):
+        return NotFound(f"chdir: {problem}", "chdir")
+    return Never(f"chdir: {problem}", "chdir")
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, store: Store, launcher: Launcher, policy: Policy,
                  clock: Clock | None = None):
@@ -52,6 +67,7 @@ class Broker:
         self._next_id = store.next_job_id()  # only this broker writes the store
         self.metrics = BrokerMetrics(self.state)
         self.ledger = Ledger(store, self.metrics.event, on_failure=self._store_failed)
+        self.metrics.watch_store(lambda: self.ledger.held)
         self._failure: BaseException | None = None
         self.files = JobFiles(config.state_dir)
         self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
@@ -115,13 +131,13 @@ class Broker:
         """A commit failed with submissions in it: the state holds jobs the store does not,
         so the broker stops (no 201 was sent for them); a new one rebuilds from the store.
         A group the store refused for want of space or access (`StoreRefused`: 503) was
-        never accepted: its jobs leave the state (as cancelled, never stored) and the broker
-        goes on."""
+        never accepted: its jobs leave the state (no count or view shows them) and the
+        broker goes on."""
         if isinstance(exc, StoreRefused):
             for job_id in exc.jobs:
-                job, spec = self.state.jobs.get(job_id), self.specs.get(job_id)
-                if job is not None and not job.state.finished:
-                    self.state.finished(job_id, JobState.CANCELLED)
+                job, spec = self.state.jobs.get(job_id), self.specs.pop(job_id, None)
+                if job is not None and job.state is JobState.QUEUED:
+                    self.state.withdraw(job_id)
                 if spec is not None and spec.name and self.names.get(spec.name) == job_id:
                     del self.names[spec.name]
             return
@@ -463,7 +479,7 @@ class Broker:
         # a job that names no directory runs in the broker's (an API client's own is unknown)
         specs = [s if s.chdir else replace(s, chdir=str(self.config.workdir)) for s in specs]
         return admit(specs, first_id=self._next_id, state=self.state, book=self.book,
-                     policy=self.policy, names=self.names, workdir_problem=workdir_problem)
+                     policy=self.policy, names=self.names, workdir_problem=workdir_refusal)
 
     def _accepted(self, admitted: list, rows: list) -> None:
         for a, row in zip(admitted, rows, strict=True):

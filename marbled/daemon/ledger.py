@@ -78,7 +78,8 @@ JOB_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
     "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir",
-    "per_gpu", "nodes_min")
+    "per_gpu", "nodes_min", "env")
+INSERT_ENVIRONMENT = "INSERT OR IGNORE INTO environments (digest, whole, vars) VALUES (?, ?, ?)"
 INSERT_JOB = (f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) "
               f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
 INSERT_EVENT = "INSERT INTO events (at, kind, job_id, run_id, data) VALUES (?, ?, ?, ?, ?)"
@@ -611,6 +612,8 @@ class Ledger:
             after=list(a.job.after), state=JobState.QUEUED.value, step=0, suspensions=0,
             submitted_at=at, started_at=None, finished_at=None, exit_code=None, reason=None,
             chdir=a.spec.chdir, per_gpu=a.spec.per_gpu, nodes_min=a.spec.nodes_min,
+            env=None if a.spec.environment.is_default else a.spec.environment.digest,
+            environment=a.spec.environment,
         ) for a in admitted]
 
     def _insert_jobs(self, rows: list[SimpleNamespace],
@@ -619,11 +622,16 @@ class Ledger:
             r.id, r.name, r.model, r.steps, r.gpus_request, r.demand, r.nodes, r.retries,
             0, None, r.malleable, r.max_share, _json(r.command), r.emulate, _json(r.after),
             r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir, r.per_gpu,
-            r.nodes_min) for r in rows]
+            r.nodes_min, r.env) for r in rows]
+        # each environment once (the jobs of a request share theirs), before its jobs
+        shared = {r.env: r.environment for r in rows if r.env is not None}
+        environments = [(digest, e.whole, _json(e.as_dict())) for digest, e in shared.items()]
         events = [(r.submitted_at, "submitted", r.id, None,
                    _json({"demand": r.demand, "malleable": r.malleable})) for r in rows]
 
         def apply(con: sqlite3.Connection) -> None:
+            if environments:
+                con.executemany(INSERT_ENVIRONMENT, environments)
             con.executemany(INSERT_JOB, jobs)
             con.executemany(INSERT_EVENT, events)
             self._seen.extend(("submitted", None, {}) for _ in rows)

@@ -12,12 +12,13 @@ broker process (Prometheus's `rate()` takes the reset); the store keeps the hist
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -62,8 +63,20 @@ class BrokerMetrics:
         self.api_errors = Counter(
             "marbled_api_errors", "API requests answered with an error, by HTTP status code.",
             ["code"], registry=r)
+        self.moves_held = Counter(
+            "marbled_moves_held", "Reshapes held because the run had not trained its first "
+            "step (a move then would throw its start-up away); once per run (and once while "
+            "its launch is under way).", registry=r)
+        self.store_held = Gauge(
+            "marbled_store_writes_held", "Writes held in memory while the state directory "
+            "refuses them (a full disk, a read-only store); 0 while it takes them.",
+            registry=r)
         r.register(_Live(state))
         self._draining = False
+
+    def watch_store(self, held: Callable[[], int]) -> None:
+        """Read the writes the ledger holds (`held`) at each scrape."""
+        self.store_held.set_function(held)
 
     def event(self, kind: str, run_id: int | None, data: dict) -> None:
         """One event the ledger wrote (its kind, run and data)."""
@@ -80,6 +93,8 @@ class BrokerMetrics:
             self.runs_ended.labels(kind).inc()
         elif kind == "drain":
             self._draining = True
+        elif kind == "reshape-held":
+            self.moves_held.inc()
 
     def _cause(self, reason: str | None) -> str:
         # The broker decides nothing while it drains, so every later suspension is the drain's.

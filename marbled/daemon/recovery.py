@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from marbled.batch.local import find_run_process, process_start_time
 from marbled.core.model import Job, JobState, Placement, Role
-from marbled.core.outcome import RunEnd, run_outcome
+from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.runs import LiveRun, Runs
 from marbled.store.db import Store, job_spec, placement_parts
@@ -42,6 +42,7 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
     `runs`; the job names, to their ids."""
     names: dict[str, int] = {}
     open_runs = {r.job_id: r for r in store.runs() if r.ended_at is None}
+    environments = store.environments()
     for row in store.jobs():
         if row.name:
             names[row.name] = row.id
@@ -55,31 +56,44 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
         if state.holds_gpus and parts and all(n in nodes for n, _ in parts):
             add(replace(job, state=state, role=Role(run.role), placement=Placement(
-                *parts[0], tuple(parts[1:]), run.share)), job_spec(row), row.step)
+                *parts[0], tuple(parts[1:]), run.share)), job_spec(row, environments), row.step)
             expect(job.id, run.started_at, run.start_step or 0, len(parts[0][1]), run.share)
             _adopt(runs, job.id, state, run)
             continue
         done = row.step
         if run is not None:  # its node left with its allocation, and the run with it
-            end = _unwatched_end(runs, row, run, state)
+            code = runs.files.exit_code(row.id, run.id)
+            said = _ended_by(runs, row.id, run.id) if code else None
+            end = _unwatched_end(runs, row, run, state,
+                                 None if ended_with_allocation(code, said) else code)
+            why = f"{end.why}: {said['detail']}" if said else end.why
             runs.ledger.run_ended(
-                job.id, run.id, at=runs.clock.time(), exit_code=runs.files.exit_code(row.id,
-                                                                                     run.id),
+                job.id, run.id, at=runs.clock.time(), exit_code=code,
                 reason=end.outcome.value, outcome=end.outcome, end_step=end.end_step,
                 start_step=runs.files.progress(row.id, run.id).get("start_step"),
-                detail=f"{end.why}; node {run.node} left with its allocation", recovered=True)
+                detail=f"{why}; node {run.node} left with its allocation", recovered=True,
+                **({"ended_by": said} if said else {}))
             state, done = end.outcome, done if end.end_step is None else end.end_step
         elif state.holds_gpus:
             state = JobState.SUSPENDED
-        add(replace(job, state=state), job_spec(row), done)
+        add(replace(job, state=state), job_spec(row, environments), done)
     return names
 
 
-def _unwatched_end(runs: Runs, row, run, state: JobState) -> RunEnd:
-    """How a run no broker saw end did end: the exit its supervisor recorded, else what its
-    job's files show (`core/outcome.py`)."""
+def _ended_by(runs: Runs, job_id: int, run_id: int) -> dict | None:
+    """How the batch system itself ended a run's step, from the step's stderr (Slurm's
+    "CANCELLED AT" line); None for a local run, or a step Slurm did not end."""
+    ended_by = getattr(runs.launcher.adopt(0, None, runs.files.dir(job_id), run_id),
+                       "ended_by", None)
+    return ended_by(runs.files.stderr_tail(job_id, run_id)) if ended_by else None
+
+
+def _unwatched_end(runs: Runs, row, run, state: JobState, code: int | None) -> RunEnd:
+    """How a run no broker saw end did end: `code`, the exit its supervisor recorded (None:
+    no record, or the allocation's end made it), else what its job's files show
+    (`core/outcome.py`)."""
     progress = runs.files.progress(row.id, run.id)
-    return run_outcome(code=runs.files.exit_code(row.id, run.id), cancelled=False,
+    return run_outcome(code=code, cancelled=False,
                        suspending=state is JobState.SUSPENDING,
                        escalated=False, reason="broker restart", ack=runs.files.ack(
                            row.id, run.id), progress_step=progress.get("step"),

@@ -45,7 +45,9 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
                 for s in LOG_STREAMS)
     # it runs where it was submitted from (a job of an older broker: in its own directory)
     return LaunchRequest(tuple(argv), env, node, devices, jdir, out,
-                         err, cwd=Path(spec.chdir) if spec.chdir else None, per_gpu=spec.per_gpu)
+                         err, cwd=Path(spec.chdir) if spec.chdir else None, per_gpu=spec.per_gpu,
+                         base_env=None if spec.environment.is_default
+                         else spec.environment.overlay(os.environ))
 
 
 def not_prestartable(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec,

@@ -12,6 +12,7 @@ from marbled.core.errors import Never, NotFound
 from marbled.core.explain import RUN_STARTS, reasons
 from marbled.core.learning import LearnedBook
 from marbled.core.model import JobState
+from marbled.core.policy.base import role_now
 from marbled.core.profiles import ProfileBook, model_key
 from marbled.core.progress import UNKNOWN, Progress, run_progress
 from marbled.core.target import Target, explicit, of_job
@@ -87,9 +88,11 @@ class Views:
         view = {
             "id": row.id, "name": row.name, "model": row.model, "steps": row.steps,
             "state": (job.state if job else JobState(row.state)).value,
-            "role": job.role.value if job and job.role else None,
+            "role": role.value if job and (role := role_now(job, b.state, b.policy.promotes))
+            else None,
             "node": ",".join(n for n, _ in parts) or None,
             "gpus": [g for _, gs in parts for g in gs],
+            "parts": [[n, list(gs)] for n, gs in parts],  # its GPUs on each of its nodes
             "demand": row.demand, "want": None, "nodes": row.nodes,
             "nodes_min": row.nodes_min,  # a node range's fewest (None: exactly `nodes`)
             "retries": row.retries,
@@ -165,7 +168,8 @@ class Views:
                       if f["id"] == job_id), None) if waiting else None
         view["reasons"] = reasons(job, b.state, b.policy, now, self._history(job_id, view),
                                   start, self._aim(rows[0], job),
-                                  b.config.time_scale if rows[0].emulate else 1.0) if job else \
+                                  b.config.time_scale if rows[0].emulate else 1.0,
+                                  self._own_ends() if waiting else None) if job else \
             [f"it has ended ({view['state']})"]
         return view
 
@@ -232,12 +236,18 @@ class Views:
         b = self.broker
         if made["finish_at"] is None:
             return {**made, "at": b.clock.time()}
-        own = {i: end for i in b.runs.live
-               if (end := self._speed(i, b.specs[i].steps).finish_at) is not None}
+        own = self._own_ends()
         jobs = [{**f, "end_at": max(f["end_at"], own[f["id"]])} if f["id"] in own else f
                 for f in made["jobs"]]
         return {**made, "at": b.clock.time(), "jobs": jobs,
                 "finish_at": max([made["finish_at"], *own.values()])}
+
+    def _own_ends(self) -> dict[int, float]:
+        """When each running job ends at its own speed: the ETA `status` shows (its eta_s),
+        which `explain` gives too (one truth)."""
+        b = self.broker
+        return {i: end for i in b.runs.live
+                if (end := self._speed(i, b.specs[i].steps).finish_at) is not None}
 
     def _forecast_snapshot(self):
         """What a forecast needs, copied from the live state: a function to run elsewhere,

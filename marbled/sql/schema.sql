@@ -1,4 +1,4 @@
--- marbled state database (marble.db in the broker's state directory), schema version 8.
+-- marbled state database (marble.db in the broker's state directory), schema version 9.
 -- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
@@ -30,6 +30,7 @@ CREATE TABLE jobs (
 	chdir VARCHAR,                  -- the directory it runs in; NULL (before version 6): jobs/<id>/
 	per_gpu BOOLEAN DEFAULT '0' NOT NULL, -- one process (rank) per GPU, started by marbled
 	nodes_min INTEGER,              -- a node range MIN-nodes: its GPUs on fewer nodes; NULL: nodes
+	env VARCHAR(32),                -- its environment (environments.digest); NULL: the broker's
 	PRIMARY KEY (id)
 );
 CREATE INDEX ix_jobs_state ON jobs (state);
@@ -115,6 +116,15 @@ CREATE TABLE requests (
 	jobs INTEGER NOT NULL,
 	at FLOAT NOT NULL,              -- when it was submitted
 	PRIMARY KEY ("key")
+);
+
+-- The environments jobs run in (marble submit --export, docs/environment.md), each stored
+-- once for all the jobs that share it.
+CREATE TABLE environments (
+	digest VARCHAR(32) NOT NULL,    -- what jobs.env names
+	whole BOOLEAN NOT NULL,         -- ALL: vars are the whole environment; else added to the broker's
+	vars JSON NOT NULL,             -- name -> value
+	PRIMARY KEY (digest)
 );
 
 -- Broker settings of the last start: schema_version, policy, profile, nodes, ...

@@ -12,7 +12,7 @@ import hashlib
 import json
 import sqlite3
 from collections import namedtuple
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,9 +31,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import StaticPool
 
+from marbled.core.environment import Environment
 from marbled.core.spec import JobSpec
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # (A new table needs no new version: create_all makes it at any start, and an older marbled
 # leaves it alone; the requests table came so.)
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
@@ -55,6 +56,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: ("ALTER TABLE jobs ADD COLUMN per_gpu BOOLEAN NOT NULL DEFAULT 0",),
     # the fewest nodes of a node range (NULL: exactly `nodes`, as every job of older brokers)
     8: ("ALTER TABLE jobs ADD COLUMN nodes_min INTEGER",),
+    # the environment a job runs in (a row of the environments table, made by create_all);
+    # NULL: the broker's, as every job of older brokers
+    9: ("ALTER TABLE jobs ADD COLUMN env VARCHAR(32)",),
 }
 
 
@@ -94,6 +98,7 @@ class JobRow(Base):
     chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
     per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     nodes_min: Mapped[int | None] = mapped_column(Integer)  # a node range's fewest; NULL: nodes
+    env: Mapped[str | None] = mapped_column(String(32))  # environments.digest; NULL: the broker's
 
 
 class RunRow(Base):
@@ -170,6 +175,16 @@ class RequestRow(Base):
     at: Mapped[float] = mapped_column(Float)
 
 
+class EnvironmentRow(Base):
+    """An environment jobs run in (core/environment.py), stored once for all the jobs that
+    share it: a sweep of 50,000 jobs submitted from one shell has one."""
+
+    __tablename__ = "environments"
+    digest: Mapped[str] = mapped_column(String(32), primary_key=True)
+    whole: Mapped[bool] = mapped_column(Boolean)  # ALL: `vars` are all of it; else added
+    vars: Mapped[dict] = mapped_column(JSON)  # name -> value
+
+
 class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -180,7 +195,7 @@ JOB_RECORD_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
     "not_before", "malleable", "max_share", "command", "emulate", "after", "state", "step",
     "suspensions", "submitted_at", "started_at", "finished_at", "exit_code", "reason", "chdir",
-    "per_gpu", "nodes_min")
+    "per_gpu", "nodes_min", "env")
 JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
 
 
@@ -230,6 +245,12 @@ class Store:
     def meta(self) -> dict[str, str]:
         with self.tx() as s:
             return {m.key: m.value for m in s.scalars(select(MetaRow))}
+
+    def environments(self) -> dict[str, Environment]:
+        """Every stored environment, by digest (few: one per submitting shell)."""
+        with self.tx() as s:
+            return {r.digest: Environment(tuple(sorted(r.vars.items())), bool(r.whole))
+                    for r in s.scalars(select(EnvironmentRow))}
 
     def jobs(self, ids: list[int] | None = None) -> list[JobRow]:
         with self.tx() as s:
@@ -343,18 +364,23 @@ class Store:
         self.engine.dispose()
 
 
-def job_spec(row) -> JobSpec:
-    """The submission a `jobs` row records (any object with the columns as attributes)."""
+def job_spec(row, environments: Mapping[str, Environment] | None = None) -> JobSpec:
+    """The submission a `jobs` row records (any object with the columns as attributes), in
+    its environment from `environments` (Store.environments)."""
+    env = getattr(row, "env", None)
     return JobSpec(command=tuple(row.command or ()), emulate=bool(row.emulate), model=row.model,
                    steps=row.steps, gpus=row.gpus_request, after=tuple(row.after or ()),
                    name=row.name, nodes=row.nodes, retries=row.retries, chdir=row.chdir,
-                   per_gpu=bool(row.per_gpu), nodes_min=row.nodes_min)
+                   per_gpu=bool(row.per_gpu), nodes_min=row.nodes_min,
+                   environment=(environments or {}).get(env, Environment()) if env
+                   else Environment())
 
 
 def request_digest(specs: list[JobSpec]) -> str:
     """What identifies a submission's content, to tell a retry (same key, same jobs) from
     a different request that reuses a key."""
-    text = json.dumps([s.to_mapping() for s in specs], sort_keys=True, ensure_ascii=True)
+    text = json.dumps([{**s.to_mapping(environment=False), "env": s.environment.digest}
+                       for s in specs], sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -185,6 +185,9 @@ async def test_reshape_while_the_process_is_being_started_waits_for_its_first_st
         await pump()
         assert [(r.gpu_count, r.end_reason) for r in h.runs(first)] == [(4, "suspended"),
                                                                           (3, None)]
+        # counted as the ledger commits its events
+        held = float(h.events(first).count("reshape-held"))  # its launch's, then its run's
+        assert f"marbled_moves_held_total {held}" in h.broker.metrics.exposition()[0].decode()
 
 
 @in_loop

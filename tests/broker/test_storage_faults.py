@@ -95,6 +95,8 @@ async def test_a_full_disk_holds_the_ends_refuses_submissions_and_recovers_by_it
         assert held >= 2
         storage = Views(h.broker).status()["storage"]  # GET /v1/status
         assert storage == {"ok": False, "reason": ledger.fault, "held": held}
+        scraped = h.broker.metrics.exposition()[0].decode()  # GET /metrics
+        assert f"marbled_store_writes_held {float(held)}" in scraped
         # New submissions are refused with the reason, and the queue waits: starting a run
         # the store cannot record could start it twice after a crash.
         with pytest.raises(Unavailable, match="disk is full"):
@@ -147,7 +149,10 @@ async def test_a_group_submit_the_full_disk_refuses_gets_503_and_the_broker_goes
         await pump()
         assert not h.task.done()  # not stopped
         refused = [answer[0][0].id for answer in answers]
-        assert all(h.job(j).state is JobState.CANCELLED for j in refused)  # forgotten
+        # forgotten: in no count, view or queue, as if never sent
+        assert not any(j in h.broker.state.jobs or j in h.broker.specs for j in refused)
+        assert sum(Views(h.broker).status()["jobs"].values()) == 1  # job 1 alone
+        assert h.broker.state.unfinished == 1 and refused[0] not in h.broker.state._ids
         assert "g0" not in h.broker.names
         disk.full = False
         await _until(lambda: h.broker.ledger.fault is None)

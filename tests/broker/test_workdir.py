@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from marbled.core.errors import Invalid
+from marbled.core.errors import Invalid, NotFound
 from marbled.store.db import Store
 from tests.broker.fakes import pump, running_broker
 
@@ -37,13 +37,14 @@ def test_a_run_starts_in_its_jobs_directory_and_keeps_its_files_in_the_state_dir
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("chdir, says", [("relative/dir", "is not an absolute path"),
-                                         ("/no/such/dir", "'/no/such/dir' does not exist"),
-                                         (__file__, "is not a directory")])
-def test_a_directory_the_job_cannot_run_in_is_refused_at_submit(tmp_path, chdir, says):
+@pytest.mark.parametrize("chdir, kind, says", [
+    ("relative/dir", Invalid, "is not an absolute path"),  # 400
+    ("/no/such/dir", NotFound, "'/no/such/dir' does not exist"),  # 404: not there
+    (__file__, NotFound, "is not a directory")])
+def test_a_directory_the_job_cannot_run_in_is_refused_at_submit(tmp_path, chdir, kind, says):
     async def scenario():
         async with running_broker(tmp_path / "state") as h:
-            with pytest.raises(Invalid, match=says) as info:
+            with pytest.raises(kind, match=says) as info:
                 h.submit(**JOB, chdir=chdir)
             assert info.value.field == "chdir"
             assert h.store.jobs() == []

@@ -182,8 +182,11 @@ def idle_over_two_decisions(result: SimResult, nodes: int, guard: float) -> list
 MOVERS = {"adaptive": 0.0, "malleable": GUARD_S, "marble": 0.0}
 
 
+# derandomized: the same examples on every run, so that CI does not pass or fail by chance
+# (a random search found the malleable case below, which fails on every commit since it
+# was written; it is kept, strict, until malleable is fixed)
 @pytest.mark.parametrize("policy", sorted(MOVERS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(spec=st.lists(st.tuples(st.integers(0, 3000), st.sampled_from(["one", "two", "four"]),
                                st.integers(50, 20_000)), min_size=1, max_size=20),
        nodes=st.integers(2, 4))
@@ -191,6 +194,16 @@ def test_no_node_idles_while_a_job_could_use_it(policy, spec, nodes):
     arrivals = sorted((job(at, m, steps) for at, m, steps in spec), key=lambda a: a.at)
     result = simulate(policy, arrivals, nodes=nodes)
     assert idle_over_two_decisions(result, nodes, guard=MOVERS[policy]) == []  # zero costs
+
+
+@pytest.mark.xfail(strict=True, reason="known: malleable keeps job 2 on 1 GPU of node1 while "
+                   "node0 idles from 27.8 s to 50.3 s (job 2 had 490 s left, past its 300 s "
+                   "guard); found by the property test above, not yet fixed")
+def test_malleable_moves_a_job_below_its_optimum_to_a_node_that_empties():
+    spec = [(0, "two", 50), (0, "two", 542), (0, "one", 50), (1, "four", 133)]
+    arrivals = sorted((job(at, m, steps) for at, m, steps in spec), key=lambda a: a.at)
+    result = simulate("malleable", arrivals, nodes=3)
+    assert idle_over_two_decisions(result, 3, guard=MOVERS["malleable"]) == []
 
 
 def test_malleable_ends_when_a_job_may_take_an_idle_node():

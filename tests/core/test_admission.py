@@ -100,11 +100,14 @@ def test_a_dependency_on_a_job_that_does_not_exist_is_not_found(learned, after):
     assert str(after) in str(info.value) and "before this one" in str(info.value)
 
 
-def test_a_dependency_on_itself_or_a_later_job_of_the_request_is_bad_input(learned):
-    with pytest.raises(Invalid, match="job 1: after: job 2 is later in this request"):
+def test_a_dependency_on_itself_or_a_later_job_of_the_request_is_not_found(learned):
+    """No earlier job has that id (the client cannot know its request's ids): a 404, as for
+    any job that is not there; the request is well formed (no document can refuse it)."""
+    with pytest.raises(NotFound, match="job 1: after: job 2 is later in this request"):
         admitted(learned, job("resnet-50", after=[2]), job("resnet-50"))
-    with pytest.raises(SpecError, match="job 1 is this job"):
+    with pytest.raises(NotFound, match="job 1 is this job") as info:
         admitted(learned, job("resnet-50", after=[1]))
+    assert info.value.field == "after"
 
 
 def test_a_refusal_in_a_batch_counts_jobs_from_one_and_keeps_the_json_path(learned):

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from marbled.batch.base import AllocationError, exit_code
+from marbled.batch.base import AllocationError
 from marbled.batch.slurm import parse_scontrol_job, srun_argv
+from marbled.batch.supervise import step_exit_code as exit_code
 
 TWO_NODES = """\
 JobId=1 JobName=interactive

@@ -156,3 +156,35 @@ def test_only_checkpointed_suspensions_are_counted_as_suspensions():
            "shutdown" in lines
     assert "its runs: 1 GPU (secondary) from step 0 -> 1 GPU (secondary) from its last " \
            "checkpoint" in lines
+
+
+def test_a_move_held_before_the_first_step_is_explained():
+    """Lifecycle I6: a reshape of a run that has not trained its first step waits; the
+    `reshape-held` event (once per run) is said as such."""
+    state = _state(Job(1, 2, True))
+    events = [("started", {"gpus": [0], "role": "secondary", "step": 0}),
+              ("reshape-held", {"reason": "promote"}),
+              ("suspend-requested", {"reason": "promote"}),
+              ("acknowledged", {"step": 40}),
+              ("suspended", {"step": 40, "detail": "promote"}),
+              ("resumed", {"gpus": [0, 1], "role": "primary", "step": 40})]
+    lines = reasons(state.jobs[1], state, get_policy("marble"), 0.0, events)
+    assert "a move was held 1 time(s) until its run had trained its first step (moving it " \
+           "sooner would throw its start-up away): promote" in lines
+    assert not any("held" in line for line in reasons(
+        state.jobs[1], state, get_policy("marble"), 0.0, [events[0], *events[2:]]))
+
+
+@pytest.mark.parametrize("policy, rule", [("marble", "FIFO order among those the free GPUs "
+                                                     "fit"),
+                                          ("learned", "not in FIFO order")])
+def test_an_overtaking_is_explained_by_the_rule_that_allowed_it(policy, rule):
+    """Issue 31: a later job started first, and `explain` never said why."""
+    state = _state(Job(1, 4, False), Job(2, 4, False), Job(3, 2, False), gpus=6)
+    state.apply(Start(1, "node0", (0, 1, 2, 3), Role.PRIMARY))
+    state.apply(Start(3, "node0", (4, 5), Role.PRIMARY))  # job 2 does not fit; 3 does
+    lines = reasons(state.jobs[2], state, get_policy(policy), 0.0)
+    (line,) = [x for x in lines if "later job" in x]
+    assert line.startswith("1 later job(s) run while it waits (3): ") and rule in line
+    assert not any("later job" in x for x in reasons(state.jobs[3], state,
+                                                       get_policy(policy), 0.0))

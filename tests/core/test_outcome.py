@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marbled.core.model import JobState
-from marbled.core.outcome import describe_exit, run_outcome
+from marbled.core.outcome import describe_exit, ended_with_allocation, run_outcome
 
 ACK = {"run_id": 4, "step": 120}
 
@@ -105,3 +105,22 @@ def test_plain_command_adopted_after_a_restart(kw, outcome, why):
     e = end(**{**PLAIN, **kw})
     assert (e.outcome, e.why) == (outcome, why)
     assert "resumes" not in e.why  # a plain command starts again, it does not resume
+
+
+CANCELLED_BY_SLURM = {"state": "CANCELLED", "detail": "Slurm cancelled step 7.2 on n1 (scancel)"}
+
+
+@pytest.mark.parametrize("code, said, expected", [
+    (0, None, False),  # it finished: done, whatever ended the allocation after
+    (0, CANCELLED_BY_SLURM, False),
+    (None, None, False),  # no record: the files decide anyway
+    (3, None, False),  # its own failure
+    (-11, None, False),  # a crash of its own
+    (-15, None, True),  # SIGTERM: how an allocation's end stops a step
+    (-9, None, True),
+    (3, CANCELLED_BY_SLURM, True),  # Slurm's record says it ended the step
+    (-9, {"state": "OUT_OF_MEMORY", "detail": "oom"}, False),  # the job's own memory
+    (1, {"state": "TIMEOUT", "detail": "due to time limit"}, True),
+])
+def test_an_exit_the_allocations_end_caused_is_not_the_jobs_failure(code, said, expected):
+    assert ended_with_allocation(code, said) is expected

@@ -62,11 +62,11 @@ def test_a_version_1_state_directory_is_migrated_and_keeps_its_rows(tmp_path):
     assert (run.gpu_ids, run.devices) == ("0,1,2", None)
     assert (run.share, store.jobs()[0].max_share) == (1, 1)
     assert (store.jobs()[0].step, store.jobs()[0].nodes) == (42, 1)
-    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "8"
+    assert store.meta()["schema_version"] == str(SCHEMA_VERSION) == "9"
     assert store.gpu_samples() == []  # the table of version 3 exists
     assert store.samples() == []  # ... and that of version 5
     store.close()
-    assert migrate(path) == 8  # nothing left to do
+    assert migrate(path) == 9  # nothing left to do
 
 
 def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
@@ -74,12 +74,14 @@ def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
     keeps running in its own directory under the state directory. Version 7 records whether
     a job runs one process per GPU: an older job ran one process, and still does. Version 8
     records a node range's fewest nodes: an older job has none (NULL), it runs on exactly
-    its `nodes`."""
+    its `nodes`. Version 9 records the environment a job runs in: an older job has none
+    (NULL), it runs in the broker's."""
     path = tmp_path / "marble.db"
     Store(path).close()
     assert _migrated(path, "ALTER TABLE jobs DROP COLUMN chdir",
                      "ALTER TABLE jobs DROP COLUMN per_gpu",
                      "ALTER TABLE jobs DROP COLUMN nodes_min",
+                     "ALTER TABLE jobs DROP COLUMN env", "DROP TABLE environments",
                      "UPDATE meta SET value = '5' WHERE key = 'schema_version'",
                      "INSERT INTO jobs (id, demand, malleable, command, emulate, after, state,"
                      " step, suspensions, submitted_at) VALUES (1, 1, 1, '[\"python\","
@@ -89,6 +91,7 @@ def test_a_version_5_state_directory_gains_the_jobs_directory(tmp_path):
     assert (job.chdir, job.step, job_spec(job).chdir) == (None, 7, None)
     assert (job.per_gpu, job_spec(job).per_gpu) == (False, False)
     assert (job.nodes_min, job_spec(job).nodes_min, job_spec(job).fewest_nodes) == (None, None, 1)
+    assert job.env is None and job_spec(job, store.environments()).environment.is_default
     (record,) = store.job_page()
     assert (record.chdir, record.reason, record.per_gpu, record.nodes_min) == (None, None, 0, None)
     store.close()

@@ -4,10 +4,13 @@ when it changes (the issue's run on 1 GPU, then 2, where 1 measured faster)."""
 
 from __future__ import annotations
 
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
 from marbled.core.explain import reasons
 from marbled.core.learning import Knowledge, LearnedBook
-from marbled.core.model import Job, JobState, Placement, Role, Start, State, Suspend
-from marbled.core.policy import get_policy
+from marbled.core.model import Job, JobState, Node, Placement, Role, Start, State, Suspend
+from marbled.core.policy import POLICIES, get_policy
 from marbled.core.profiles import ProfileBook, ThroughputCurve
 from marbled.core.target import (
     EXPLICIT,
@@ -184,3 +187,35 @@ def test_curves_of_a_model_before_any_run_print_no_none():
     assert "m: optimum 6 GPUs (profile: 6 GPUs), next run on 6 GPUs: its profile's " \
            "optimum" in text, text
     assert "None" not in text, text
+
+
+@given(gpus=st.integers(2, 4), demand=st.integers(1, 3), nodes=st.integers(1, 2),
+       startup=st.floats(0, 60), started=st.floats(0, 100), now=st.floats(0, 200),
+       end=st.one_of(st.none(), st.floats(0, 5000)), curve_known=st.booleans(),
+       policy=st.sampled_from(sorted(POLICIES)))
+@settings(max_examples=300, deadline=None)
+def test_explain_says_a_job_is_being_moved_exactly_when_the_policy_moves_it(
+        gpus, demand, nodes, startup, started, now, end, curve_known, policy):
+    """One truth (issue 31): `explain` said 'it is being moved to 2 GPUs (its optimum)'
+    of a job its policy never moved. Over random jobs above their demand (one node or
+    several, curve known or not, young or settled runs, any time left), the line is there
+    exactly when the policy's next decision suspends the job to move it."""
+    assume(demand < gpus and now >= started)
+    curve = ThroughputCurve("m", tuple(100.0 + 10 * g for g in range(4)), startup_s=startup,
+                            suspend_s=5.0) if curve_known else None
+    state = State({f"n{i}": Node(f"n{i}", tuple(range(4))) for i in range(nodes)})
+    state.submit(Job(1, gpus, True, nodes=nodes, curve=curve))
+    others = tuple((f"n{i}", tuple(range(gpus))) for i in range(1, nodes))
+    state.apply(Start(1, "n0", tuple(range(gpus)), Role.PRIMARY, others), at=started)
+    state.resize(1, demand, curve, "learned optimum")
+    if end is not None:
+        state.expect(1, end)
+    chosen = get_policy(policy)
+    moved = any(isinstance(a, Suspend) and a.job == 1 for a in chosen.decide(state, now))
+    said = any("it is being moved" in line
+               for line in reasons(state.jobs[1], state, chosen, now))
+    assert not said or moved  # what it says happens
+    assert said or not (moved and chosen.shrinks)  # what the rule it shares does, it says
+    denied = any("does not move" in line or "keeps them to its end" in line
+                 for line in reasons(state.jobs[1], state, chosen, now))
+    assert not (moved and denied), (policy, reasons(state.jobs[1], state, chosen, now))

@@ -65,7 +65,7 @@ def busy_daemon(daemon):
          "there is no job 99"),
         ({"model": "resnet-50", "command": ["true"], "after": "ghost"}, 404, "after",
          "no job is named 'ghost'"),
-        ({"model": "resnet-50", "command": ["true"], "after": [2]}, 400, "after",
+        ({"model": "resnet-50", "command": ["true"], "after": [2]}, 404, "after",
          "job 2 is this job"),
         ({"model": "m" * 100_000, "steps": 10, "command": ["true"]}, 400, "model",
          "must be 1 to 128 letters, digits and . _ + : / -"),

@@ -255,3 +255,26 @@ def test_the_log_tab_shows_a_jobs_output_and_follows_it(listening, browser, tmp_
     assert browser.execute_script("return window.sameDocument === true")
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_the_header_says_when_the_store_refuses_writes(listening, browser):
+    """While the store refuses writes (lifecycle I4), the header shows how many writes are
+    held and, on hover, why. The broker's real status, with its storage part set as a full
+    disk sets it (tests/integration/test_storage_full.py fills a real one), drawn by the
+    page's own renderHeader in the browser."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d, url, token = listening
+    browser.get(f"{url}/dashboard#token={token}")
+    WebDriverWait(browser, 30).until(
+        lambda _: str(d.proc.pid) in browser.find_element(By.ID, "broker").text)
+    status = d.client.get("/v1/status")
+    assert status["storage"] == {"ok": True, "reason": None, "held": 0}
+    assert browser.execute_script("return document.getElementById('storage')") is None
+    full = {**status, "storage": {"ok": False, "held": 3, "reason":
+                                  "the state directory's disk is full: free space on /scratch"}}
+    chip = browser.execute_script(
+        "renderHeader(arguments[0]); const e = document.getElementById('storage');"
+        "return e && [e.textContent, e.title]", full)
+    assert chip == ["storage: 3 write(s) held", full["storage"]["reason"]]

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.daemon
 
 FAMILIES = {"marbled_jobs_submitted", "marbled_runs_started", "marbled_runs_ended",
             "marbled_suspensions", "marbled_ack_latency_seconds", "marbled_decision_seconds",
-            "marbled_api_errors", "marbled_jobs", "marbled_gpus"}
+            "marbled_api_errors", "marbled_jobs", "marbled_gpus", "marbled_moves_held",
+            "marbled_store_writes_held"}
 STATES = ("queued", "running", "suspending", "suspended", "done", "failed", "cancelled")
 
 

@@ -70,3 +70,28 @@ def test_curves_status_and_explain_agree_after_a_doubling_that_did_not_pay(
     assert "want:         1 GPU: the fastest count its runs measured" in shown, shown
     assert "None" not in shown, shown
     run(d.state_dir, "cancel", str(job["id"]))
+
+
+@pytest.mark.parametrize("policy", ["learned", "marble"])
+def test_explain_gives_the_eta_status_gives(daemon_factory, policy):
+    """A waiting job's `explain` names the next run to end with the ETA `status` shows for
+    it (its own speed), not the policy's older expectation. Issue 31 saw 'in about 5 s'
+    beside a status ETA of 13 s under learned. The jobs train at half their profile's
+    speed (their time scale is twice the broker's), so the two would differ."""
+    d = daemon_factory("--policy", policy, gpus=2, time_scale=0.05)
+    slow = [sys.executable, "-m", "marbled.worker.emulate", "--time-scale", "0.1"]
+    d.submit(*[{"model": "resnet-50", "steps": 1500, "gpus": 2, "command": slow}] * 2)
+
+    def running_with_eta():
+        jobs = d.jobs()
+        return [j for j in jobs if j["state"] == "running" and j.get("eta_s")
+                and j["step"] > 100]
+    d.wait_for(running_with_eta, timeout=60, what="a running job's own ETA")
+    (ahead,) = [j for j in json.loads(run(d.state_dir, "status", "--json").stdout)["jobs"]
+                if j["state"] == "running"]
+    (waiting,) = [j["id"] for j in d.jobs() if j["state"] == "queued"]
+    reasons = json.loads(run(d.state_dir, "explain", str(waiting), "--json").stdout)["reasons"]
+    (line,) = [r for r in reasons
+               if r.startswith(f"the next run to end is job {ahead['id']}'s")] or [reasons]
+    said = float(line.split("in about ")[1].split(" s")[0])
+    assert abs(said - ahead["eta_s"]) <= 3, (line, ahead["eta_s"])

@@ -372,3 +372,73 @@ def test_a_two_node_ddp_job_suspends_resumes_and_retries_a_killed_rank(daemon_fa
     assert at < failed["last_reported_step"] <= lost
     assert [s for s, _ in logged] == [*range(1, lost + 1), *range(at + 1, steps + 1)]
     assert logged[lost:2 * lost - at] == logged[at:lost]
+
+
+# A non-DDP script on 4 GPUs: rank 1 raises, rank 0 waits (as in a collective whose peer died).
+RAISES = '''
+import os, sys, time
+rank = os.environ["RANK"]
+print(f"rank {rank} loading", file=sys.stderr, flush=True)
+if rank == "1":
+    time.sleep(0.3)
+    raise RuntimeError("boom on rank 1")
+time.sleep(60)
+'''
+
+
+def test_a_failed_rank_s_own_error_is_the_reason_not_the_launchers_summary(daemon_factory,
+                                                                           tmp_path):
+    """The job's reason, the `failed` event and `marble explain` quote the failing rank's
+    exception (its traceback's last line), not "marbled: rank 1 exited with 1; stopping the
+    other 3 rank(s)", which ends the run's stderr."""
+    (tmp_path / "raises.py").write_text(RAISES)
+    d = daemon_factory(gpus=4, env=ENV)
+    (job,) = d.submit({"command": [sys.executable, "raises.py"], "gpus": 4,
+                       "per_gpu": True, "chdir": str(tmp_path)})
+    (failed,) = d.wait_all(timeout=30)
+    assert failed["state"] == "failed"
+    assert failed["reason"] == "rank 1 of 4 exited with code 1: RuntimeError: boom on rank 1", \
+        failed["reason"]
+    (run,) = d.runs()
+    assert _log(d, job["id"], run["id"], "stderr").rstrip().endswith(
+        "marbled: rank 1 exited with 1; stopping the other 3 rank(s)")
+    (event,) = [json.loads(e["data"]) for e in d.query(
+        "SELECT data FROM events WHERE kind = 'failed' AND run_id = ?", run["id"])]
+    assert event["rank"] == 1 and event["error"] == "RuntimeError: boom on rank 1"
+    tail = event["stderr_tail"].splitlines()
+    assert tail[0] == "rank 1 loading" and tail[1] == "Traceback (most recent call last):"
+    assert tail[-1] == "RuntimeError: boom on rank 1"  # rank 1's lines only, unlabelled
+    done = subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", "explain",
+                           str(job["id"])], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "MARBLE_STATE_DIR": str(d.state_dir)})
+    assert done.returncode == 0, done.stderr
+    assert "a run failed: rank 1 of 4 exited with code 1: RuntimeError: boom on rank 1" \
+        in done.stdout, done.stdout
+    assert "stopping the other" not in done.stdout
+
+
+def test_a_two_node_per_gpu_job_is_shown_with_its_nodes_and_ranks(daemon_factory, tmp_path):
+    """`marble submit` acknowledges the ranks of a job on 2 nodes of 2 GPUs (4, not "2
+    GPUs"), `marble status` names each node's GPUs of its run, `marble show` its ranks."""
+    (tmp_path / "waits.py").write_text("import time\ntime.sleep(60)\n")
+    d = daemon_factory("--nodes", "2", gpus=2, env=ENV)
+
+    def marble(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", *args],
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path,
+                              env={**os.environ, "MARBLE_STATE_DIR": str(d.state_dir)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    said = marble("submit", "--gpus", "2", "--nodes", "2", "--per-gpu", "--", sys.executable,
+                  "waits.py")
+    assert said.strip() == \
+        "submitted job 1: 2 GPUs on each of 2 nodes, 4 ranks (fixed, one process per GPU)", said
+    d.wait_for(lambda: d.runs() and d.runs()[0]["pid"], timeout=20, what="its run")
+    table = marble("status").splitlines()
+    header = next(line for line in table if line.lstrip().startswith("ID"))
+    (row,) = [line for line in table if line.lstrip().startswith("1 ")]
+    assert "node0:0,1 node1:0,1" in row, table
+    assert row.index("node0") == header.index("GPUS")
+    shown = marble("show", "1")
+    assert "True: 4 ranks, one process per GPU (2 GPUs on each of 2 nodes)" in shown, shown

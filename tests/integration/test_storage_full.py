@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,6 +111,11 @@ def test_a_full_disk_pauses_the_store_and_the_broker_recovers_by_itself(small_di
         held = daemon.client.get("/v1/status")["storage"]["held"]
         assert held >= 2 and daemon.proc.poll() is None
         assert f"free space on {small_disk}" in log.read_text()
+        shown = subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", "status"],
+                               env={**os.environ, "MARBLE_STATE_DIR": str(state)},
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "STORAGE: the state directory's disk is full" in shown.stdout
         full_for = time.monotonic() - full_at
 
         (small_disk / "filler").unlink()  # space returns

@@ -98,10 +98,12 @@ def test_a_directory_a_job_cannot_run_in_is_refused(daemon, tmp_path):
     assert out.returncode == 1
     assert f"{jobs}:2: job 2: chdir: '{tmp_path / 'gone'}' does not exist" in out.stderr
 
-    for chdir, says in (("/no/such/dir", "'/no/such/dir' does not exist"),
-                        ("project", "'project' is not an absolute path")):
+    # a directory that is not there is a 404 (the request is well formed, as for an `after`
+    # naming no job); a relative path is bad input (400), as the OpenAPI document says
+    for chdir, code, says in (("/no/such/dir", 404, "'/no/such/dir' does not exist"),
+                              ("project", 400, "'project' is not an absolute path")):
         status, body = post_job(daemon, {"command": ["true"], "gpus": 1, "chdir": chdir})
-        assert (status, body["field"]) == (400, "chdir") and says in body["error"]
+        assert (status, body["field"]) == (code, "chdir") and says in body["error"]
     assert daemon.jobs() == []
 
 

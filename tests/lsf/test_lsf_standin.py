@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from marbled.batch.base import Allocation, AllocationError, LaunchRequest, exit_code
+from marbled.batch.base import Allocation, AllocationError, LaunchRequest
 from marbled.batch.jsrun import (
     STEP_INFO,
     JsrunLauncher,
@@ -40,6 +40,7 @@ from marbled.batch.lsf import (
     parse_runtime_limit,
     parse_time_left,
 )
+from marbled.batch.supervise import step_exit_code as exit_code
 from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
 from marbled.resources import workload_path

@@ -1,7 +1,9 @@
 """A new user's first hour, from the wheel installed into a fresh venv, in a project directory
 outside the checkout: a real script submitted by a relative path, a typo in a model's name
-and its warning, a failure seen in `marble status`, `marble logs -f`, and `marble report
---png`. Real broker, processes, signals and SQLite; only the GPUs are emulated."""
+and its warning, a failure seen in `marble status`, `marble logs -f`, `marble report
+--png`, a variable of the user's shell carried to a job, `cancel` of several jobs with one
+ended, a 50,000-job file, and `status`, `logs` and `explain` after `marble shutdown`. Real
+broker, processes, signals and SQLite; only the GPUs are emulated."""
 
 from __future__ import annotations
 
@@ -88,8 +90,42 @@ def test_a_new_users_first_hour(broker_venv, tmp_path):
         png = tmp_path / "first-hour.png"
         reported = marble("report", "--png", str(png))
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", reported.stdout
+
+        # a variable of the user's shell, set after marbled started, reaches the job
+        env["WANDB_PROJECT"] = "first-hour"
+        marble("submit", "--gpus", "1", "--name", "envcheck", "--", "sh", "-c",
+               "echo project=$WANDB_PROJECT")
+        assert "project=first-hour" in marble("logs", "-f", "envcheck").stdout.splitlines()
+
+        # cancel of several: the ended one is reported, the others are cancelled
+        for name in ("long1", "long2"):
+            marble("submit", "--gpus", "2", "--name", name, "--", "sleep", "600")
+        cancelled = marble("cancel", "mine", "long1", "long2", check=False)
+        assert cancelled.returncode == 1 and "has already ended (done)" in cancelled.stderr
+        assert marble("wait", "--timeout", "60", check=False).returncode == 1  # all ended
+        states = {j["name"]: j["state"] for j in json.loads(marble(
+            "status", "--all", "--json").stdout)["jobs"]}
+        assert states["long1"] == states["long2"] == "cancelled"
+
+        # a sweep of 50,000 jobs from one file, each waiting for a gate that never opens
+        gate = marble("submit", "--gpus", "1", "--name", "gate", "--", "sleep", "600")
+        assert "submitted job" in gate.stdout
+        sweep = tmp_path / "sweep.yaml"  # its jobs never run (the gate never opens)
+        sweep.write_text("".join(
+            f"- {{name: lr{i}, gpus: 1, after: gate, command: python train.py --lr {i}}}\n"
+            for i in range(50_000)))
+        big = marble("submit", "--file", str(sweep))
+        assert big.stdout.count("submitted job") == 50_000, big.stderr[-2000:]
+        assert json.loads(marble("status", "--json", "--limit", "1").stdout)["broker"][
+            "jobs"]["queued"] == 50_000
     finally:
         down = marble("shutdown", check=False)
     assert "marbled stopped" in down.stdout
+
+    # after the broker stopped: its records answer the commands that read
+    offline = marble("status", "--all")
+    assert "no broker is running" in offline.stderr and "long1" in offline.stdout
+    assert "project=first-hour" in marble("logs", "envcheck").stdout.splitlines()
+    assert "it has ended: done" in marble("explain", "mine").stdout
     # the job's own files stayed in the state directory, none in the project
     assert sorted(p.name for p in project.iterdir()) == ["data", "train.py"]

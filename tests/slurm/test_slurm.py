@@ -63,6 +63,16 @@ def test_allocation_discovery_reads_nodes_gpus_cpus_and_end_time(allocate, slurm
     assert alloc.end_time == mine["end_time"]  # the same instant, from the other tool
 
 
+def test_a_whole_node_allocation_has_every_gpu_of_its_nodes(allocate, slurm_api):
+    """`--exclusive` with no GPU request (the batch scripts' way, for any GPU count): both
+    readers see every GPU of each node, though pyslurm's TRES strings list none."""
+    job = allocate("--nodes=2", "--exclusive", "--mem=0")
+    alloc = slurm_allocation(job, api_reader(slurm_api))
+    gpus = int(os.environ.get("MARBLE_SLURM_GPUS", "6"))
+    assert alloc.nodes == {n: tuple(str(i) for i in range(gpus)) for n in ("n1", "n2")}
+    assert alloc.cpus == {"n1": 16, "n2": 16}
+
+
 def test_figure5_through_real_job_steps(daemon_factory, allocate):
     """Figure 5 with every run a job step: ResNet-50 primary on 3, Inception-v3 secondary
     on 3 then promoted to 4 (a new step), VGG-16 secondary on 2; GPU sets from the steps."""

@@ -314,6 +314,11 @@ function renderHeader(status) {
       + `time ×${esc(+(1 / status.time_scale).toPrecision(3))}</span>`);
   }
   if (status.draining) parts.push('<span class="chip warn">draining</span>');
+  const storage = status.storage;
+  if (storage && !storage.ok) {  // lifecycle I4: writes held in memory, submissions refused
+    parts.push(`<span class="chip warn" id="storage" title="${esc(storage.reason)}">`
+      + `storage: ${esc(storage.held)} write(s) held</span>`);
+  }
   $("broker").innerHTML = parts.join('<span class="sep">·</span>');
   const counts = status.jobs || {};
   $("counts").innerHTML = STATE_ORDER.filter((s) => counts[s])

@@ -373,6 +373,7 @@ def _free_room(live: dict[int, Item], room: dict[str, int]) -> dict[str, int]:
 
 class AdaptivePolicy(Policy):
     name = "adaptive"
+    reshapes = True
     summary = ("each job's GPU count from its curve and the load, reshaped only when it "
                "pays (marbled's own)")
     options = (

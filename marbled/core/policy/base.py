@@ -57,6 +57,11 @@ class Policy:
     multi_node: ClassVar[bool] = False  # places jobs that ask for several nodes
     promotes: ClassVar[bool] = False  # resumes running secondaries on more GPUs
     shrinks: ClassVar[bool] = False  # moves a running job above its demand down to it
+    reshapes: ClassVar[bool] = False  # resizes (or stops) running jobs as the load changes
+    # The rule that lets a later job start before a waiting one, in `explain`'s words
+    overtaking: ClassVar[str] = ("jobs start in FIFO order among those the free GPUs fit, "
+                                 "and they fitted when it did not (or it waited for a "
+                                 "dependency or a back-off)")
 
     def __init__(self, **settings: float | None):
         known = {o.name: o for o in self.options}
@@ -102,6 +107,11 @@ class Policy:
                              f"{', '.join(able[:-1])} or {able[-1]}")
         return None
 
+    def shrinks_now(self, job: Job, now: float) -> bool:
+        """Would this policy's next decision move running `job` down to its demand? The
+        rule its decisions use (`shrinks` policies), so that `explain` says what it does."""
+        return False
+
     def explain(self, job: Job, state: State, now: float) -> str:
         """Why `job` is where it is, in one line."""
         if job.state.finished:
@@ -113,13 +123,14 @@ class Policy:
         if target:
             return f"resumes on {target}, reserved for it"
         if job.placement is not None:
+            role = role_now(job, state, self.promotes).value
             count = gpus_text(len(job.gpus)) if job.placement.share == 1 else \
                 f"1/{job.placement.share} of 1 GPU"
             if job.nodes > 1:
                 where = ", ".join(n for n, _ in job.placement.parts())
-                return f"runs as {job.role.value} on {count} of each of {where}"
+                return f"runs as {role} on {count} of each of {where}"
             which = "its demand" if len(job.gpus) == job.demand else f"its demand is {job.demand}"
-            return f"runs as {job.role.value} on {count} of {job.placement.node} ({which})"
+            return f"runs as {role} on {count} of {job.placement.node} ({which})"
         return self.why_waiting(job, state, now)
 
     def why_waiting(self, job: Job, state: State, now: float) -> str:
@@ -199,6 +210,23 @@ def role_for(job: Job, gpus: int, share: int = 1) -> Role:
     as a primary (a node range's run on fewer nodes has more GPUs on each)."""
     return Role.PRIMARY if share == 1 and (gpus == job.demand or job.nodes > 1) \
         else Role.SECONDARY
+
+
+def role_now(job: Job, state: State, promotes: bool = False) -> Role | None:
+    """The role a job plays now, the one `marble status`, `show`, `explain` and the dashboard
+    show (None without a run). The primary is the job that gets its count; secondaries run
+    on what is left beside others. A run's role is its policy's at its start (`role_for`):
+    since then its neighbours may have ended, or its count (`demand`) been lowered to what it
+    holds. So a run on whole GPUs is the primary if it holds its count (or more), or runs
+    alone (no other job holds or reserves GPUs), as a job that a policy sized by the load
+    does; except, under a policy that `promotes` its secondaries, a secondary alone below its
+    count: the policy moves it up to its count as soon as that pays."""
+    if job.role is not Role.SECONDARY or job.placement is None or job.placement.share != 1:
+        return job.role
+    if len(job.gpus) >= job.demand:
+        return Role.PRIMARY
+    alone = all(other.id == job.id for other in state.engaged())
+    return Role.PRIMARY if alone and not promotes else Role.SECONDARY
 
 
 def resizing(jobs: list[Job]) -> bool:

@@ -41,6 +41,7 @@ STABLE_S = 300.0
 
 class ElasticPolicy(Policy):
     name = "elastic"
+    reshapes = True
     summary = "start on 1 GPU, double when stable, halve the largest for a newcomer (after ONES)"
     options = (Option("grow_after", STABLE_S,
                       "seconds a run lasts before its GPUs may double"),)

@@ -88,6 +88,8 @@ def shipped_network() -> Network:
 
 class LearnedPolicy(Policy):
     name = "learned"
+    overtaking = ("the learned policy picks the next job among the first ready ones, not in "
+                  "FIFO order; --max-overtaken bounds how many may pass the first")
     summary = "a trained network picks the next job (SCHED²), packed on the fullest node"
     options = (Option("max_overtaken", OVERTAKEN,
                       "later jobs that may start before a waiting job; then it goes next"),)

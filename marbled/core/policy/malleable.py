@@ -41,6 +41,7 @@ GUARD_S = 300.0  # Fujiwara et al.: preempt only tasks with more than 300 s to g
 
 class MalleableEquipartition(Policy):
     name = "malleable"
+    reshapes = True
     summary = ("Equipartition of all GPUs at every event, running jobs reshaped by "
                "suspend/resume (Fujiwara et al.)")
     options = (Option("preempt_guard", GUARD_S, "a running job is reshaped only if its "

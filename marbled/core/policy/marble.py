@@ -53,6 +53,9 @@ class MarblePolicy(Policy):
     summary = "optimal GPU counts + secondaries + promotion (Algorithm 1)"
     promotes = True  # the daemon may prestart the next runs of secondaries
     shrinks = True  # a job whose runs measured fewer GPUs faster (see _shrink)
+
+    def shrinks_now(self, job: Job, now: float) -> bool:
+        return len(job.gpus) > job.demand and shrinkable(job, now)
     multi_node = True  # places jobs that ask for several nodes (as primaries)
 
     def choose(self, state: State, now: float) -> list:
@@ -95,8 +98,7 @@ class MarblePolicy(Policy):
         below the GPUs a job holds, so without learning this does nothing."""
         actions = []
         for job in state.above_demand():
-            if job.malleable and job.nodes == 1 and settled(job, now) \
-                    and _pays(job, job.demand, now):
+            if shrinkable(job, now):
                 gpus = job.gpus[:job.fit(job.demand) or job.demand]
                 actions.append(Suspend(job.id, Placement(job.placement.node, gpus),
                                        job.move or "learned optimum"))
@@ -130,6 +132,12 @@ class MarblePolicy(Policy):
                 gpus, free[node] = tuple(free[node][:count]), free[node][count:]
             actions.append(Suspend(job.id, Placement(node, gpus), job.move or "promote"))
         return actions
+
+
+def shrinkable(job: Job, now: float) -> bool:
+    """A job above its demand that a move down to it pays for now (see `_shrink`)."""
+    return job.malleable and job.nodes == 1 and settled(job, now) \
+        and _pays(job, job.demand, now)
 
 
 def _pays(job: Job, count: int, now: float) -> bool:

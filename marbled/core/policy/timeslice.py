@@ -22,6 +22,7 @@ from marbled.core.policy.base import Option, Policy, fifo_candidates
 
 class TimeslicePolicy(Policy):
     name = "timeslice"
+    reshapes = True
     summary = "round robin of time slices when over-subscribed (Gandiva)"
     options = (Option("time_slice", 600.0, "seconds a job runs before it may be suspended "
                       "for a waiting one", positive=True),)
