@@ -224,6 +224,9 @@ _CANCELLED = re.compile(
     r"\*\*\* STEP (\d+\.\d+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([^*]+?))? \*\*\*")
 _OOM = re.compile(r"Detected \d+ oom-kill event\(s\) in StepId=(\d+\.\d+)")
 _STATES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
+# What srun itself writes when Slurm ends its step; slurmstepd's line above does not always
+# reach srun before it exits (seen with scancel JOB.STEP): then this is all there is
+_ABORTED = "srun: Job step aborted"
 
 
 def step_end(log: str, step: str) -> dict | None:
@@ -241,4 +244,7 @@ def step_end(log: str, step: str) -> dict | None:
             why = f"due to {due.lower()}" if due else "(scancel)"
             return {"state": state, "node": found.group(2), "at": found.group(3),
                     "detail": f"Slurm cancelled step {step} on {found.group(2)} {why}"}
+    if _ABORTED in log and not _CANCELLED.search(log):  # no other step's record either
+        return {"state": "CANCELLED",
+                "detail": f"Slurm cancelled step {step} (srun: job step aborted)"}
     return None

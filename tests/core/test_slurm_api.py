@@ -35,6 +35,12 @@ def test_step_end_gives_slurms_state_for_that_step_only():
     assert step_end(TIMEOUT, "9.2")["detail"].endswith("due to time limit")
     assert step_end(OOM, "12.3")["state"] == "OUT_OF_MEMORY"
     assert step_end("Traceback ...\nValueError: x\n", "7.0") is None
+    # slurmstepd's line lost (Slurm does not always pass it to srun before srun exits, seen
+    # on the test cluster): srun's own line says Slurm ended the step, without the node
+    lost = "\n".join(CANCELLED.splitlines()[1:])
+    assert step_end(lost, "7.0") == {
+        "state": "CANCELLED", "detail": "Slurm cancelled step 7.0 (srun: job step aborted)"}
+    assert step_end("srun: error: n1: task 0: Exited with exit code 1\n", "7.0") is None
 
 
 @pytest.mark.parametrize(("state", "out"), [

@@ -52,7 +52,10 @@ def test_a_slow_starting_job_is_not_reshaped_before_its_first_step(daemon_factor
         assert ask["at"] - run["started_at"] >= SLOW_START, (dict(run), dict(ask))
     for run in runs[:-1]:  # every suspended run trained before it was stopped
         assert run["end_step"] > run["start_step"], [dict(r) for r in runs]
-    # the policy wanted the move during the start-up: the broker held it, said so once
-    held = daemon.query("SELECT at, run_id FROM events WHERE kind = 'reshape-held' "
-                        "AND job_id = ?", slow["id"])
-    assert [h["run_id"] for h in held] == [runs[0]["id"]], [dict(h) for h in held]
+    # the policy wanted the move during the start-up: the broker held it, said so once a
+    # run (a later run starts up slowly too, and may be held as well)
+    held = [h["run_id"] for h in daemon.query(
+        "SELECT at, run_id FROM events WHERE kind = 'reshape-held' AND job_id = ?",
+        slow["id"])]
+    assert held[:1] == [runs[0]["id"]] and len(held) == len(set(held)), held
+    assert set(held) <= {r["id"] for r in runs}, held

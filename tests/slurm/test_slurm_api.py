@@ -122,7 +122,8 @@ def test_a_step_scancelled_is_recorded_with_slurms_reason(daemon_factory, alloca
     assert failed["state"] == "failed"
     (run,) = d.runs()
     assert (run["end_reason"], run["exit_code"]) == ("failed", -9)
-    said = f"Slurm cancelled step {step} on n1 (scancel)"
+    # with the node when slurmstepd's line reaches srun, which it does not always do
+    said = f"Slurm cancelled step {step}"
     assert said in failed["reason"]
     (event,) = _events(d, "failed")
     assert event["ended_by"]["state"] == "CANCELLED"
