@@ -612,7 +612,6 @@ class Ledger:
             after=list(a.job.after), state=JobState.QUEUED.value, step=0, suspensions=0,
             submitted_at=at, started_at=None, finished_at=None, exit_code=None, reason=None,
             chdir=a.spec.chdir, per_gpu=a.spec.per_gpu, nodes_min=a.spec.nodes_min,
-            env=None if a.spec.environment.is_default else a.spec.environment.digest,
             environment=a.spec.environment,
         ) for a in admitted]
 
@@ -622,9 +621,11 @@ class Ledger:
             r.id, r.name, r.model, r.steps, r.gpus_request, r.demand, r.nodes, r.retries,
             0, None, r.malleable, r.max_share, _json(r.command), r.emulate, _json(r.after),
             r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir, r.per_gpu,
-            r.nodes_min, r.env) for r in rows]
+            r.nodes_min, None if r.environment.is_default else r.environment.digest)
+            for r in rows]
         # each environment once (the jobs of a request share theirs), before its jobs
-        shared = {r.env: r.environment for r in rows if r.env is not None}
+        shared = {r.environment.digest: r.environment for r in rows
+                  if not r.environment.is_default}
         environments = [(digest, e.whole, _json(e.as_dict())) for digest, e in shared.items()]
         events = [(r.submitted_at, "submitted", r.id, None,
                    _json({"demand": r.demand, "malleable": r.malleable})) for r in rows]
