@@ -20,12 +20,16 @@ venv: $(BIN)/.installed
 demo: venv
 	$(BIN)/marble demo
 
-## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier
-## (the Slurm tier's pyslurm is built meanwhile, on the core the serial test run leaves free)
+## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier.
+## WORKERS pytest-xdist workers run the tests side by side (most of a test's time is spent
+## waiting on processes it started); the Slurm tier (one cluster) and the packaging tier
+## (one wheel and venv) each run in order on one worker (tests/conftest.py). The Slurm
+## tier's pyslurm is built meanwhile; its first test waits for it.
+WORKERS ?= 3
 test: venv lint
 	-bash tests/debian-packages.sh libslurm-dev
 	PYTHON=$(BIN)/python bash tests/slurm/pyslurm.sh $(VENV)/pyslurm-22.5 >$(VENV)/pyslurm-build.log 2>&1 &
-	$(BIN)/pytest -q --durations=25 $(if $(TIER),-m "$(TIER)")
+	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=25 $(if $(TIER),-m "$(TIER)")
 
 lint: venv
 	$(BIN)/ruff check .

@@ -21,12 +21,20 @@ DEBIAN_PACKAGES = Path(__file__).with_name("debian-packages.sh")
 TIERS = ("core", "broker", "integration", "frameworks", "slurm", "lsf", "packaging")
 
 
+# Tiers whose tests share one thing and run one after another on one pytest-xdist worker
+# (`make test` runs the tiers side by side, --dist loadgroup): the Slurm tier's one
+# cluster, the packaging tier's one wheel and venv (session fixtures, built once a worker).
+SERIAL_TIERS = ("slurm", "packaging")
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Each test carries its tier's marker (its directory): `pytest -m core`, `-m "not slurm"`."""
     for item in items:
         tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+        if tier in SERIAL_TIERS:
+            item.add_marker(pytest.mark.xdist_group(tier))
 
 
 def require_debian(*packages: str) -> None:

@@ -277,7 +277,9 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         # Admitted now; durable once the group commit that carries them is done (the
         # submissions that arrive together share one transaction): only then the 201.
         rows, durable, again = commands.submit_grouped(specs, key)
-        jobs = [{**views.job(r), "notes": getattr(r, "notes", [])} for r in rows]
+        jobs = [views.job(r) for r in rows]
+        for view, r in zip(jobs, rows, strict=True):  # each view is a new dict: no copy
+            view["notes"] = getattr(r, "notes", [])
         await asyncio.shield(durable)
         # a retry of a keyed request: 200 (nothing new was created), the same jobs
         return web.json_response({"jobs": jobs}, status=200 if again else 201,

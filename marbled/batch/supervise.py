@@ -28,11 +28,13 @@ reads (`core/outcome.py`): the exit code, or minus the signal that ended the chi
   nothing.
 
 It runs before every run's command: the standard library's built-in modules only, run by
-path with -I -S (no site, no user paths), so that it starts in a few milliseconds.
+path with -I -S (no site, no user paths), so that it starts in a few milliseconds. Not
+`signal`, whose import (enum, functools, collections) took longer than the interpreter's
+own start: `_signal`, the built-in it wraps, has the same functions and numbers.
 """
 
+import _signal as signal  # `signal` without its enums: see above
 import os
-import signal
 import sys
 import time
 

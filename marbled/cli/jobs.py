@@ -1,4 +1,9 @@
-"""`marble` commands on jobs: submit, status, show, explain, cancel, suspend, schedule."""
+"""`marble` commands on jobs: submit, status, show, explain, cancel, suspend, schedule.
+
+Kept light: submit, status, show and cancel import what they print with and the small
+client, not the job's checks (`core.spec`, the profiles): the broker makes those, and a
+refusal of what was typed is said as a usage error naming the option (`typed_refusal`).
+`marble submit --file` reads its YAML with them (`marbled.resources`), imported then."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from marbled.cli.client import ApiError
 from marbled.cli.common import (
     call,
     client,
@@ -19,7 +25,8 @@ from marbled.cli.common import (
     profiled_option,
     reader,
 )
-from marbled.core.spec import JobSpec, SpecError
+from marbled.core.errors import SpecError
+from marbled.core.shapes import gpus_text, shape_text
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -106,6 +113,11 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         here = os.path.dirname(os.path.abspath(job_file))
         specs = [s.run_from(here) if s.chdir or chdir is None else s.run_from(chdir)
                  for _, s in jobs]
+        # the environment the jobs share goes once, a job's own only where it differs; a
+        # field at its default is left out
+        docs = [{k: v for k, v in (s.to_mapping(environment=False) | (
+            s.environment.to_mapping() if s.environment != shared else {})).items()
+            if v not in (None, [], False)} for s in specs]
         problems: dict[str, str | None] = {}  # each directory looked at once
         for i, ((where, _), spec) in enumerate(zip(jobs, specs, strict=True), start=1):
             if spec.chdir not in problems:
@@ -119,26 +131,15 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
             raise click.UsageError(f"give the command to run after --, e.g. 'marble submit "
                                    f"{example or '--gpus 1'} -- python train.py', or --emulate "
                                    "for marbled's emulated job of --model")
-        doc = {"model": model, "steps": steps, "name": name, "emulate": emulate,
-               "nodes": int(nodes) if nodes and nodes.isdigit() else nodes,
-               "retries": retries, "new_model": new_model, "per_gpu": per_gpu,
-               "after": [int(a) if a.isdigit() else a for a in after],
-               "gpus": int(gpus) if gpus.isdigit() else gpus}
-        if command:
-            doc["command"] = list(command)
-        try:
-            specs = [JobSpec.from_mapping({k: v for k, v in doc.items() if v is not None},
-                                          environment=shared).run_from(chdir or os.getcwd())]
-        except SpecError as exc:
-            option = "COMMAND" if exc.field == "command" else f"--{exc.field.replace('_', '-')}"
-            raise click.UsageError(f"{option}: {exc.message}") from None
-    # the environment the jobs share goes once, a job's own only where it differs
-    body = {"jobs": [s.to_mapping(environment=False) | (
-        s.environment.to_mapping() if s.environment != shared else {}) for s in specs],
-        **shared.to_mapping()}
-    for job in body["jobs"]:
-        for key in [k for k, v in job.items() if v in (None, [], False)]:
-            del job[key]
+        # as typed (an option not given left out): the broker checks it, as any job's
+        # (JobSpec.from_mapping), and typed_refusal says its refusal as the option's
+        doc = {"command": list(command), "emulate": emulate, "model": model, "steps": steps,
+               "gpus": _number(gpus), "after": [_number(a) for a in after], "name": name,
+               "nodes": _number(nodes), "retries": retries,
+               "chdir": os.path.normpath(chdir or os.getcwd()), "new_model": new_model,
+               "per_gpu": per_gpu}
+        docs = [{k: v for k, v in doc.items() if v is not None and v is not False and v != []}]
+    body = {"jobs": docs, **shared.to_mapping()}
     # with a key of its own: sent again after a timeout, it cannot submit the jobs twice; a
     # refusal of a file's job (field 'jobs[1].steps') names its line, as the file's reader
     api = client(ctx)
@@ -168,11 +169,18 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         except ChunkFailed as exc:
             raise click.ClickException(str(exc)) from None
     else:
-        result = call(lambda: api.submit(body, on_retry=say), place=place)
+        def send() -> dict:
+            try:
+                return api.submit(body, on_retry=say)
+            except ApiError as exc:
+                typed = None if job_file else typed_refusal(exc)
+                if typed:
+                    raise typed from None
+                raise
+
+        result = call(send, place=place)
 
     def text() -> None:
-        from marbled.core.target import shape_text
-
         for job in result["jobs"]:
             how = "auto" if job["malleable"] else "fixed"
             shape = shape_text(job["demand"], job.get("nodes") or 1, job.get("nodes_min"),
@@ -187,6 +195,28 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
                            + " if you mean it)", err=True)
 
     output(ctx, as_json, result, text)
+
+
+def _number(text: str | None) -> int | str | None:
+    """An option's value as the API takes it: a whole number as one ('2'), else as typed
+    ('auto', '1-2'), for the broker to take or refuse."""
+    return int(text) if text and text.isascii() and text.isdigit() else text
+
+
+def typed_refusal(exc: ApiError) -> click.UsageError | None:
+    """The broker's refusal of a field of plain `marble submit`'s one job as the option
+    typed: '--steps: must be ...' ('COMMAND: ...'), a usage error (exit 2) as click's own.
+    Such a refusal is the job's document's (400, 'jobs[0].steps': JobSpec.from_mapping);
+    None for the others, which stay refusals: a lone job's admission names the bare field
+    ('gpus': more than a node has; a model without a curve), a dependency is not found
+    (404)."""
+    prefix = "jobs[0]."
+    if exc.status != 400 or not (exc.field or "").startswith(prefix):
+        return None
+    field = exc.field[len(prefix):]
+    message = str(exc).removeprefix("job 1: ").removeprefix(f"{field}: ")
+    option = "COMMAND" if field == "command" else f"--{field.replace('_', '-')}"
+    return click.UsageError(f"{option}: {message}")
 
 
 GPUS_WIDTH = 12  # the GPUS column's, unless a multi-node run's node names need more
@@ -228,8 +258,6 @@ def _fmt_job(j: dict, forecast: dict, ends: dict | None = None,
 def per_gpu_text(job: dict) -> object:
     """`marble show`'s per_gpu line: False, or its ranks (one process per GPU) and their
     shape: those of its run while it runs, else those it asks for."""
-    from marbled.core.target import shape_text
-
     if not job.get("per_gpu"):
         return job.get("per_gpu")
     if job.get("gpus") and job.get("node"):  # running: its run's
@@ -297,8 +325,6 @@ def status(ctx, show_all, limit, as_json):
     forecast = call(api.get, "/v1/forecast")
 
     def text() -> None:
-        from marbled.core.target import gpus_text
-
         nodes = "; ".join(f"{n}: {len(v['free'])}/{gpus_text(len(v['gpus']))} free"
                           if v["free"] is not None else f"{n}: {gpus_text(len(v['gpus']))}"
                           for n, v in broker["nodes"].items())  # free: None, no broker

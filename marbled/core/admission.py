@@ -86,13 +86,16 @@ def _dependency(ref: int | str, job_id: int, first_id: int, end_id: int, state: 
     so is one of this batch that is not earlier (itself, a later one): there is no earlier
     job with that id, and a client cannot know the ids its request will get (no document can
     refuse it: the request is well formed)."""
-    dep = batch_names.get(ref, names.get(ref)) if isinstance(ref, str) else ref
+    if isinstance(ref, str):  # (`names` may read the store: only for a name not of the batch)
+        dep = batch_names[ref] if ref in batch_names else names.get(ref)
+    else:
+        dep = ref
     hint = "give the id or name of a job submitted before this one"
     if dep is None:
         raise NotFound(f"after: no job is named '{ref}' ({hint})", "after")
     if job_id <= dep < end_id:
         which = "this job" if dep == job_id else "later in this request"
         raise NotFound(f"after: job {dep} is {which}, not an earlier job ({hint})", "after")
-    if dep >= end_id or (dep < first_id and dep not in state.jobs):
+    if dep >= end_id or (dep < first_id and state.outcome(dep) is None):
         raise NotFound(f"after: there is no job {dep} ({hint})", "after")
     return dep

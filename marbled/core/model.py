@@ -7,8 +7,9 @@ daemon, the simulator) feed events in through the transition methods of
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -179,15 +180,21 @@ Action = Start | Suspend | Cancel
 
 def dependency_status(job: Job, state: State) -> str:
     """'ready', 'wait' (a dependency is still to finish) or 'broken' (one failed, was
-    cancelled or does not exist)."""
+    cancelled or does not exist). A dependency the state no longer holds (it ended and was
+    forgotten) is answered by `State.outcome`."""
     status = "ready"
     for dep in job.after:
-        other = state.jobs.get(dep)
-        if other is None or other.state in (JobState.FAILED, JobState.CANCELLED):
+        other = state.outcome(dep)
+        if other is None or other in (JobState.FAILED, JobState.CANCELLED):
             return "broken"
-        if other.state is not JobState.DONE:
+        if other is not JobState.DONE:
             status = "wait"
     return status
+
+
+def _no_job(job_id: int) -> JobState | None:
+    """`State.ended` of a state that forgets no job: a job it does not hold does not exist."""
+    return None
 
 
 class TransitionError(ValueError):
@@ -204,10 +211,17 @@ class State:
     Change jobs only through the transition methods: they keep the indexes that
     make a decision cost what the running and the head of the queue cost, not
     what the whole history costs (the simulator replays tens of thousands of jobs).
+
+    A driver that keeps its records elsewhere (the daemon: its store) may `forget` an
+    ended job, so that what the state holds grows with the live jobs, not with every job
+    ever; `ended` then answers a job the state does not hold: its final state, or None if
+    there is no such job (a plain callable: the daemon's reads its store). The tallies
+    (`counts`) and `overtaken` still count a forgotten job.
     """
 
     nodes: dict[str, Node]
     jobs: dict[int, Job] = field(default_factory=dict)
+    ended: Callable[[int], JobState | None] = field(default=_no_job, repr=False)
 
     def __post_init__(self) -> None:
         # node -> why it takes no new runs (the batch system's state: DOWN, DRAIN); its runs
@@ -216,7 +230,9 @@ class State:
         self._taken: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._shared: dict[tuple[str, int], dict[int, int]] = {}  # GPU -> {job: its share}
         self._waiting: list[int] = []  # ids of waiting jobs, ascending: the FIFO
-        self._ids: list[int] = []  # ids of every job, ascending (see `overtaken`)
+        # ids of every job, ascending (see `overtaken`), less the forgotten ones older than
+        # every job held (no `overtaken` can count them): 8 bytes an id
+        self._ids = array("q")
         self._engaged: set[int] = set()  # ids of jobs holding or reserving GPUs
         self._secondaries: dict[str, set[int]] = {name: set() for name in self.nodes}
         self._resumable: set[int] = set()  # suspended with GPUs reserved for the resume
@@ -232,6 +248,10 @@ class State:
         self._ready: list[int] = []
         self._is_ready: set[int] = set()
         self._unfinished = 0
+        # Read by what the API shows (`status`, the metrics, the forecast) at a cost of the
+        # live jobs, not of every job ever: jobs by state, and the ids of the unfinished ones.
+        self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
+        self._open: set[int] = set()
         jobs, self.jobs = self.jobs, {}
         for job in jobs.values():
             self._put(job)
@@ -298,6 +318,12 @@ class State:
         """How many jobs `ready()` gives, without reading them."""
         return len(self._ready)
 
+    def outcome(self, job_id: int) -> JobState | None:
+        """The job's state, whether the state holds it or it ended and was forgotten
+        (`ended`); None if there is no such job."""
+        job = self.jobs.get(job_id)
+        return job.state if job is not None else self.ended(job_id)
+
     def overtaken(self, job_id: int) -> int:
         """Jobs submitted after `job_id` that no longer wait (started, or ended): for a job
         that has waited since its submission, how many later jobs went before it."""
@@ -309,7 +335,16 @@ class State:
         return self._unfinished
 
     def active(self) -> list[Job]:
-        return [j for j in self.jobs.values() if not j.state.finished]
+        """The unfinished jobs, in FIFO (id) order; what they cost, not every job ever."""
+        return [self.jobs[i] for i in sorted(self._open)]
+
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (every state, 0 included), without reading them."""
+        return dict(self._counts)
+
+    def holding(self) -> list[int]:
+        """Ids of the jobs that hold GPUs (running or suspending), ascending."""
+        return [i for i in sorted(self._engaged) if self.jobs[i].state.holds_gpus]
 
     @property
     def max_node_size(self) -> int:
@@ -373,10 +408,42 @@ class State:
         no count, queue or dependency keeps it."""
         job = self._put(self._finish(self.jobs[job_id], JobState.CANCELLED))
         del self.jobs[job_id]
+        self._counts[JobState.CANCELLED] -= 1
         del self._ids[bisect_left(self._ids, job_id)]
         for dep in job.after:
             self._dependents.get(dep, set()).discard(job_id)
         self._broken.discard(job_id)
+
+    def forget(self, job_id: int) -> None:
+        """An ended job leaves the state (its driver keeps its record, and `ended` answers its
+        final state from now on): no index keeps it, but the tallies (`counts`) and
+        `overtaken` still count it."""
+        job = self.jobs[job_id]
+        if not job.state.finished:
+            raise TransitionError(f"job {job_id} is {job.state}: only an ended job is forgotten")
+        del self.jobs[job_id]
+        # Its own dependents were classified at its end, which no later change can undo.
+        self._dependents.pop(job_id, None)
+        for dep in job.after:
+            dependents = self._dependents.get(dep)
+            if dependents is not None:
+                dependents.discard(job_id)
+                if not dependents:
+                    del self._dependents[dep]
+        oldest = 0  # forgotten ids before every job held: `overtaken` never counts them
+        while oldest < len(self._ids) and self._ids[oldest] not in self.jobs:
+            oldest += 1
+        del self._ids[:oldest]
+
+    def ended_before(self, counts: Mapping[JobState, int], ids: Iterable[int] = ()) -> None:
+        """Jobs that ended before this state was built and that it does not hold (a driver
+        that rebuilds only the unfinished jobs): `counts` of them by state join the tallies;
+        `ids`, those submitted after its oldest unfinished job, count in `overtaken`."""
+        for state, count in counts.items():
+            if not state.finished:
+                raise TransitionError(f"{state} is not a final state")
+            self._counts[state] += count
+        self._ids = array("q", sorted(set(self._ids).union(ids)))
 
     def expect(self, job_id: int, end: float | None) -> Job:
         """The driver's estimate of when the job's current run ends (policies that weigh the
@@ -472,6 +539,14 @@ class State:
         else:
             self._with_deps.discard(new.id)
         self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
+        if old is None or old.state is not new.state:
+            if old is not None:
+                self._counts[old.state] -= 1
+            self._counts[new.state] += 1
+            if new.state.finished:
+                self._open.discard(new.id)
+            else:
+                self._open.add(new.id)
         if old is None:
             insort(self._ids, new.id)
         self.jobs[new.id] = new

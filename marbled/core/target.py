@@ -22,27 +22,12 @@ from dataclasses import dataclass
 
 from marbled.core.learning import Knowledge, fit_scaling
 
+# how counts and shapes are said: in core.shapes (for `marble`, which prints them without
+# core.learning), and imported from here as well
+from marbled.core.shapes import gpus_text as gpus_text
+from marbled.core.shapes import shape_text as shape_text
+
 EXPLICIT, PROFILE, START, EXPLORE, LEARNED = "explicit", "profile", "start", "explore", "learned"
-
-
-def gpus_text(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
-
-
-def shape_text(per_node: int, nodes: int = 1, nodes_min: int | None = None,
-               per_gpu: bool = False) -> str:
-    """A job's GPUs as `marble submit` and `marble show` say them: '2 GPUs' on one node,
-    '2 GPUs on each of 2 nodes' (or 'of 1-2 nodes', a node range) on several, and for a
-    per-GPU job on several its ranks too, one per GPU: '..., 4 ranks' ('2-4 ranks')."""
-    fewest = nodes if nodes_min is None else nodes_min
-    if nodes <= 1:
-        return gpus_text(per_node)
-    where = f"{nodes}" if fewest == nodes else f"{fewest}-{nodes}"
-    text = f"{gpus_text(per_node)} on each of {where} nodes"
-    if per_gpu:
-        low, high = per_node * fewest, per_node * nodes
-        text += f", {high} ranks" if low == high else f", {low}-{high} ranks"
-    return text
 
 
 @dataclass(frozen=True)

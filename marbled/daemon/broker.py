@@ -3,56 +3,42 @@
 Events -- a submission, a run's start or end, a cancel, a deadline, the drain --
 change the pure `State`; the loop then lets the policy decide (`core.decision`)
 and hands each action to the module that carries it out: `Runs` (the life of a
-run), `Ledger` (every store write). Deadlines known in advance (a policy's next
-decision, a retry's back-off, the allocation's end, GPU samples) are timers.
+run), `Ledger` (every store write). `Intake` admits submissions into the state.
+Deadlines known in advance (a policy's next decision, a retry's back-off, the
+allocation's end, GPU samples) are timers (`Timers`).
+What the broker holds grows with the live jobs, not with every job ever: a job that has
+ended for good leaves it (`Intake.forget_ended`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Coroutine
-from dataclasses import replace
 
 from marbled.batch.base import Launcher
-from marbled.core.admission import admit
 from marbled.core.decision import settle
-from marbled.core.errors import Never, NotFound, NotNow, Unavailable
+from marbled.core.errors import Never, NotNow
 from marbled.core.learning import LearnedBook
 from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
 from marbled.core.progress import end_forecast
 from marbled.core.spec import JobSpec
-from marbled.daemon.clock import Clock, LoopClock, Timer, call_later
+from marbled.daemon.clock import Clock, LoopClock
 from marbled.daemon.config import BrokerConfig
-from marbled.daemon.gpu_samples import holders
+from marbled.daemon.intake import Intake, Names, recorded
 from marbled.daemon.learner import Learner, starts_up
 from marbled.daemon.ledger import Ledger, StorageLost, StoreRefused
 from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.recovery import recover
 from marbled.daemon.runs import Ended, Runs
+from marbled.daemon.timers import Timers
 from marbled.daemon.workfiles import JobFiles
-from marbled.paths import workdir_problem
-from marbled.store.db import Store, request_digest
+from marbled.store.db import Store
 
 log = logging.getLogger("marbled")
-
-
-def workdir_refusal(path: str) -> NotFound | Never | str | None:
-    """What keeps a job from running in `path` (its `chdir`), as the API answers it: a
-    relative path is bad input (400; the OpenAPI document refuses it too); a directory that
-    is not there (nothing, or a file) is not found (404), as an `after` that names no job:
-    the request is well formed, and no document can list the host's directories; one that
-    cannot be entered is a 409 (never, for this path)."""
-    problem = workdir_problem(path)
-    if problem is None or not os.path.isabs(path):
-        return problem
-    if not os.path.isdir(path):
-        return NotFound(f"chdir: {problem}", "chdir")
-    return Never(f"chdir: {problem}", "chdir")
 
 
 class Broker:
@@ -61,14 +47,14 @@ class Broker:
         self.config, self.store, self.launcher, self.policy = config, store, launcher, policy
         self.clock = clock or LoopClock()
         self.state = State(
-            nodes={n: Node(n, tuple(range(len(d)))) for n, d in config.nodes.items()})
-        self.specs: dict[int, JobSpec] = {}
-        self.names: dict[str, int] = {}
-        self._next_id = store.next_job_id()  # only this broker writes the store
+            nodes={n: Node(n, tuple(range(len(d)))) for n, d in config.nodes.items()},
+            ended=lambda job_id: recorded(store, job_id))
+        self.specs: dict[int, JobSpec] = {}  # of the jobs the state holds
+        self.names = Names(store)
         self.metrics = BrokerMetrics(self.state)
         self.ledger = Ledger(store, self.metrics.event, on_failure=self._store_failed)
         self.metrics.watch_store(lambda: self.ledger.held)
-        self._failure: BaseException | None = None
+        self.failure: BaseException | None = None  # a commit that failed: the broker stops
         self.files = JobFiles(config.state_dir)
         self.book = (LearnedBook(config.book, config.learning, self.state.max_node_size)
                      if config.learning and self.state.nodes else config.book)
@@ -77,7 +63,7 @@ class Broker:
             config.time_scale, live=lambda: self.runs.live.values(), curve_of=self.curve_of,
             wake=self.wake) if isinstance(self.book, LearnedBook) else None
         self.runs = Runs(config, launcher, self.ledger, self.files, self.clock, self.state,
-                         self.specs, self._spawn, self._launched, self._ended,
+                         self.specs, self.spawn, self._launched, self._ended,
                          self.learner.observe if self.learner else lambda live, at: None)
         self.draining = False
         self.started_at = self.clock.time()
@@ -90,15 +76,17 @@ class Broker:
         self._held: dict[int, int | None] = {}  # job -> its run whose move waits (I6), logged
         self._idle = asyncio.Event()  # set when draining and nothing runs any more
         self._tasks: set[asyncio.Task] = set()
-        self._due: Timer | None = None  # the policy's next decision without an event
-        self._end_timer: Timer | None = None  # the drain ahead of the allocation's end
+        self.intake = Intake(self)
+        self.timers = Timers(self)
 
     def recover(self) -> None:
         """Rebuild the state from the store; re-adopt runs whose process still lives."""
         if self.learner:
             self.learner.replay(self.store.samples())
-        self.names.update(recover(self.store, self.runs, self.config.nodes, self.add,
-                                  self._expect, self.wake_at))
+        recover(self.store, self.runs, self.config.nodes, self.intake.add, self._expect,
+                self.wake_at, self.state.ended_before)
+        # jobs whose open run was settled as their end: they leave the state as any other
+        self.intake.leaving += [job.id for job in self.state.jobs.values() if job.state.finished]
         self.wake()
 
     # ------------------------------------------------------------ the loop
@@ -114,8 +102,8 @@ class Broker:
             await self._wake.wait()
             await self._coalesce()
             self._wake.clear()
-            if self._failure is not None:
-                raise self._failure
+            if self.failure is not None:
+                raise self.failure
             if not self.draining and self.ledger.fault is None:
                 self.decide()
         self.ledger.flush()  # once more: the store may take what is held now
@@ -134,15 +122,10 @@ class Broker:
         never accepted: its jobs leave the state (no count or view shows them) and the
         broker goes on."""
         if isinstance(exc, StoreRefused):
-            for job_id in exc.jobs:
-                job, spec = self.state.jobs.get(job_id), self.specs.pop(job_id, None)
-                if job is not None and job.state is JobState.QUEUED:
-                    self.state.withdraw(job_id)
-                if spec is not None and spec.name and self.names.get(spec.name) == job_id:
-                    del self.names[spec.name]
+            self.intake.withdraw(exc.jobs)
             return
         log.error("the store could not commit (%s): stopping", exc)
-        self._failure = exc
+        self.failure = exc
         self.wake()
 
     async def _coalesce(self) -> None:
@@ -196,6 +179,7 @@ class Broker:
 
     def decide(self) -> None:
         began = time.perf_counter()  # the loop's own busy time, not self.clock (tests fake it)
+        self.intake.forget_ended()
         now = self.clock.time()
         with self.ledger.batch():  # one transaction for the decision's changes
             for action, job in settle(self.policy, self.state, now,
@@ -208,7 +192,7 @@ class Broker:
                         self._suspend(job, reason)
                     case Cancel(reason=reason):
                         self._finish(job.id, JobState.CANCELLED, reason)
-        self._decide_again(self.policy.next_decision(self.state, self.clock.time()))
+        self.timers.decide_at(self.policy.next_decision(self.state, self.clock.time()))
         self.metrics.decision.observe(time.perf_counter() - began)
 
     def _refuse(self, action: Action, now: float) -> bool:
@@ -253,18 +237,7 @@ class Broker:
             self.wake_at(last + self.config.reshape_window)
         return True
 
-    def _decide_again(self, due: float | None) -> None:
-        """A time-driven policy (slices, stable periods) wants to decide at `due`; one that
-        names a time already past asks again after every monitor interval."""
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
-        if due is not None:
-            now = self.clock.time()
-            self._due = self.clock.call_at(
-                due if due > now else now + self.config.monitor_interval, self.wake)
-
-    def _spawn(self, coro: Coroutine) -> asyncio.Task:
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -285,59 +258,11 @@ class Broker:
 
     def _timers(self) -> None:
         """The periodic and one-off deadlines the broker knows at its start."""
-        self._drain_at(self.config.end_time)
-        if self.config.watch is not None:
-            self._every(self.config.allocation_poll, lambda: self._spawn(self._watch()))
-        if self.sampler:
-            self._every(self.config.sample_interval, self._sample_gpus)
+        self.timers.start()
         if self.policy.promotes and self.config.prestart == "ahead":
-            self._every(self.config.monitor_interval, self._prestart_secondaries)
+            self.timers.every(self.config.monitor_interval, self._prestart_secondaries)
         if self.learner:
-            self._every(self.config.learn_interval, self.learner.tick)
-
-    def _drain_at(self, end: float | None) -> None:
-        """Drain --drain-before ahead of the allocation's end `end` (None: never)."""
-        if self._end_timer is not None:
-            self._end_timer.cancel()
-            self._end_timer = None
-        if end is not None:
-            self._end_timer = self.clock.call_at(end - self.config.drain_before, lambda: (
-                self._spawn(self.drain(f"the allocation ends at {time.ctime(end)}"))))
-
-    async def _watch(self) -> None:
-        """Read the allocation again: a limit moved (`scontrol update TimeLimit=`) moves the
-        drain with it; a node out of service (DOWN, DRAIN) gets no new runs until it is back."""
-        try:
-            seen = await asyncio.to_thread(self.config.watch)
-        except Exception as exc:  # noqa: BLE001 (Slurm busy or gone: what was read stands)
-            log.debug("could not read the allocation again: %s", exc)
-            return
-        now = self.clock.time()
-        for node in sorted(set(seen.unavailable) | set(self.state.unavailable)):
-            why = seen.unavailable.get(node)
-            if why != self.state.unavailable.get(node):
-                log.warning("node %s: %s", node, f"{why}: no new runs there" if why
-                            else "back in service")
-                self.ledger.event("node-unavailable" if why else "node-available", now,
-                                  node=node, state=why)
-                self.state.set_unavailable(node, why)
-                self.wake()
-        old, end = self.config.end_time, seen.end_time
-        if end == old or self.draining:
-            return
-        self.config.end_time = end
-        log.info("the allocation's end moved: %s -> %s", time.ctime(old) if old else "never",
-                 time.ctime(end) if end is not None else "never (no time limit)")
-        self.ledger.event("allocation-end", now, end_time=end, was=old,
-                          drain_at=None if end is None else end - self.config.drain_before)
-        self._drain_at(end)
-
-    def _every(self, interval: float, action) -> None:
-        def tick() -> None:
-            action()
-            call_later(self.clock, interval, tick)
-
-        call_later(self.clock, interval, tick)
+            self.timers.every(self.config.learn_interval, self.learner.tick)
 
     # ------------------------------------------------------------ actions
 
@@ -365,6 +290,7 @@ class Broker:
         self.runs.standby.drop(job_id)
         self._forget_reshapes(job_id)
         self.ledger.job_ended(job_id, state, reason, self.clock.time())
+        self.intake.leaving.append(job_id)
 
     def _forget_reshapes(self, job_id: int) -> None:
         """An ended job is reshaped no more: the loop guard need not keep it."""
@@ -372,10 +298,11 @@ class Broker:
         self._refused.pop(job_id, None)
         self._held.pop(job_id, None)
 
-    def curve_of(self, job_id: int) -> ThroughputCurve | None:
+    def curve_of(self, job_id: int, spec: JobSpec | None = None) -> ThroughputCurve | None:
         """What the book knows of the job's model, on the broker's clock (an emulated job
-        trains at its profile's pace times --time-scale)."""
-        spec = self.specs[job_id]
+        trains at its profile's pace times --time-scale); `spec`: the job's, if the broker
+        no longer holds it."""
+        spec = spec or self.specs[job_id]
         curve = self.book.lookup(spec.model) if spec.model else None
         scale = self.config.time_scale if spec.emulate else 1.0
         return curve.in_time(scale) if curve else None
@@ -406,6 +333,7 @@ class Broker:
         else:
             self.state.finished(ended.job_id, ended.outcome)
             self._forget_reshapes(ended.job_id)
+            self.intake.leaving.append(ended.job_id)
         self.wake()
 
     def _prestart_secondaries(self) -> None:
@@ -416,101 +344,24 @@ class Broker:
                 if job.role is Role.SECONDARY and job.state is JobState.RUNNING:
                     self.runs.prestart(job, once_training=True)
 
-    def _sample_gpus(self) -> None:
-        """One NVML reading of every GPU of the broker's node, with the job holding it."""
-        node = self.config.broker_node
-        self.ledger.gpu_samples(self.clock.time(), node, self.sampler.sample(),
-                                holders(self.state, node, self.config.nodes.get(node, ())))
-
     # ------------------------------------------------------------ requests
-
-    def submit(self, specs: list[JobSpec]) -> list:
-        """Accept all of `specs` or none; the stored rows, in order (committed on return)."""
-        admitted = self._admit(specs)
-        rows = self.ledger.submitted(admitted, self.clock.time())
-        self._accepted(admitted, rows)
-        return rows
 
     def submit_grouped(self, specs: list[JobSpec],
                        key: str | None = None) -> tuple[list, asyncio.Future, bool]:
-        """As `submit`, for the API: the rows, a future done once they are durable, and
-        whether this answers again a submission made before with idempotency key `key`
-        (its rows and future; Never if it submitted other jobs). The rows of the
-        submissions that arrive together are committed in one transaction (a group commit);
-        the API answers when it has committed."""
-        first = self.store.requested(key) if key is not None else None
-        if first is not None:
-            digest, first_id, count, answer = first
-            if digest != request_digest(specs):
-                raise Never(f"the Idempotency-Key '{key}' was used for another request (jobs "
-                            f"{first_id}-{first_id + count - 1}); send a new key with each "
-                            "new request, and the same key only with the same jobs",
-                            "Idempotency-Key")
-            if answer is None:  # submitted before a restart: the rows as they are now
-                answer = (self.store.jobs(list(range(first_id, first_id + count))),
-                          asyncio.get_running_loop().create_future())
-                answer[1].set_result(None)
-            return answer[0], answer[1], True
-        admitted = self._admit(specs)
-        at = self.clock.time()
-        also = None if key is None else self.store.request_made(
-            key, request_digest(specs), admitted[0].job.id, len(admitted), at)
-        try:
-            rows, durable = self.ledger.submit_grouped(admitted, at, also=also)
-        except BaseException:
-            if key is not None:
-                self.store.requests.pop(key, None)
-            raise
-        if key is not None:  # a retry while the rows are stored waits for them too
-            self.store.request_answered(key, (rows, durable))
-        # The state takes the jobs now (a later submission of the group may name them); any
-        # store write, a decision's included, commits the group's rows first.
-        self._accepted(admitted, rows)
-        return rows, durable, False
+        """`Intake.submit_grouped`: the API's `commands` submit through the broker."""
+        return self.intake.submit_grouped(specs, key)
 
-    def _admit(self, specs: list[JobSpec]) -> list:
-        if self.draining:
-            raise Unavailable("the broker is shutting down; submit to the next broker")
-        if self._failure is not None:
-            raise Unavailable("the broker is stopping: its store could not commit")
-        if self.ledger.fault is not None:
-            raise Unavailable(f"the broker cannot write its store now: {self.ledger.fault}; "
-                              "running jobs go on: submit again once it is freed")
-        # a job that names no directory runs in the broker's (an API client's own is unknown)
-        specs = [s if s.chdir else replace(s, chdir=str(self.config.workdir)) for s in specs]
-        return admit(specs, first_id=self._next_id, state=self.state, book=self.book,
-                     policy=self.policy, names=self.names, workdir_problem=workdir_refusal)
-
-    def _accepted(self, admitted: list, rows: list) -> None:
-        for a, row in zip(admitted, rows, strict=True):
-            row.notes = list(a.notes)  # for the submit answer only: not stored
-            self.add(replace(a.job, submitted=row.submitted_at), a.spec)
-            if a.spec.name:
-                self.names[a.spec.name] = a.job.id
-        self._next_id += len(admitted)
-        self.wake()
-
-    def add(self, job: Job, spec: JobSpec, done: int = 0) -> None:
-        """A job enters the state (at its submission, or rebuilt at a restart with `done`
-        steps checkpointed), with what the book knows of its model."""
-        self.specs[job.id] = spec
-        self.state.submit(replace(job, curve=self.curve_of(job.id),
-                                  steps_left=max(spec.steps - done, 0) if spec.steps else None))
-        if self.learner:
-            self.learner.track(job.id)
-
-    def _job(self, job_id: int) -> Job:
-        job = self.state.jobs.get(job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id}", "id")
-        return job
+    def submit(self, specs: list[JobSpec]) -> list:
+        """`Intake.submit`, committed on return (the tests' and benchmarks' submission)."""
+        return self.intake.submit(specs)
 
     def suspend(self, job_id: int) -> None:
         """Checkpoint a running job and put it back in the FIFO at its place (user request)."""
-        job = self._job(job_id)
-        running = job.state is JobState.RUNNING
+        state = self.intake.state_of(job_id)
+        running = state is JobState.RUNNING
         if not running or (job_id not in self.runs.live and job_id not in self.runs.launching):
-            raise NotNow(f"job {job_id} is {job.state}; only a running job can be suspended")
+            raise NotNow(f"job {job_id} is {state}; only a running job can be suspended")
+        job = self.state.jobs[job_id]
         live = self.runs.live.get(job_id)
         if not job.malleable and (live is None or not self.runs.reported(live)):
             # A fixed count is the policy's business, not the checkpoint's (lifecycle I1); but
@@ -523,9 +374,9 @@ class Broker:
         self._suspend_now(job_id, "requested by the user")
 
     def cancel(self, job_id: int) -> None:
-        job = self._job(job_id)
-        if job.state.finished:
-            raise Never(f"job {job_id} has already ended ({job.state})")
+        state = self.intake.state_of(job_id)
+        if state.finished:
+            raise Never(f"job {job_id} has already ended ({state})")
         if not self.runs.cancel(job_id):
             self._finish(job_id, JobState.CANCELLED, "cancelled by the user")
         self.wake()
@@ -536,7 +387,7 @@ class Broker:
             self.draining = True
             self.ledger.event("drain", self.clock.time(), reason=reason)
             self.runs.standby.drop_all()
-            for job in list(self.state.jobs.values()):
+            for job in self.state.active():
                 if job.state is JobState.RUNNING and job.id in self.runs.live:
                     self._suspend_now(job.id, reason)
                 elif job.state is JobState.SUSPENDING and job.resume_on is not None:

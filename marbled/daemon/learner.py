@@ -105,6 +105,16 @@ class Learner:
         if spec.model and spec.gpus is None and spec.nodes == 1:
             self._jobs.setdefault(model_key(spec.model), set()).add(job_id)
 
+    def untrack(self, job_id: int) -> None:
+        """A job that has ended and left the broker's state (`track`'s undoing)."""
+        spec = self.specs.get(job_id)
+        if spec is not None and spec.model:
+            jobs = self._jobs.get(model_key(spec.model))
+            if jobs is not None:
+                jobs.discard(job_id)
+                if not jobs:
+                    del self._jobs[model_key(spec.model)]
+
     def tick(self) -> None:
         for live in list(self._live()):
             self.observe(live, None)

@@ -184,7 +184,8 @@ class Ledger:
                  on_failure: Callable[[BaseException], None] | None = None):
         self.store = store
         self.db: sqlite3.Connection = store.writer()
-        # Sees every event written (kind, run id, data): the broker's metrics count them.
+        # Sees every event written (kind, run id, data; a submission's `submitted` events as
+        # one, with `jobs`: how many): the broker's metrics count them.
         self._observe = observe or (lambda kind, run_id, data: None)
         self.on_failure = on_failure or (lambda exc: None)
         self.on_recovered: Callable[[], None] = lambda: None  # held writes were committed
@@ -635,7 +636,9 @@ class Ledger:
                 con.executemany(INSERT_ENVIRONMENT, environments)
             con.executemany(INSERT_JOB, jobs)
             con.executemany(INSERT_EVENT, events)
-            self._seen.extend(("submitted", None, {}) for _ in rows)
+            # the group's events seen as one (`jobs`: how many): a batch of 1,000 jobs
+            # is one count for the metrics, not 1,000
+            self._seen.append(("submitted", None, {"jobs": len(rows)}))
             if also is not None:
                 also(con)
 

@@ -109,6 +109,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     only requests carrying the token this start writes to the state directory.
     """
     launcher = launcher or LocalLauncher()
+    traced = _tracemalloc_start()
     lock_fd = prepare_state_dir(config.state_dir)
     try:
         private_files(config.state_dir)
@@ -176,9 +177,31 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
             log.error("could not commit the last writes: %s", exc)
         store.close()
         os.close(lock_fd)
+        _tracemalloc_write(traced)
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
+
+
+def _tracemalloc_start() -> str | None:
+    """MARBLE_TRACEMALLOC=PATH (benchmarks/soak.py): trace allocations, and write the top
+    ones to PATH at exit (`_tracemalloc_write`)."""
+    path = os.environ.get("MARBLE_TRACEMALLOC")
+    if path:
+        import tracemalloc
+
+        tracemalloc.start()
+    return path or None
+
+
+def _tracemalloc_write(path: str | None, top: int = 30) -> None:
+    if path:
+        import tracemalloc
+
+        stats = tracemalloc.take_snapshot().statistics("lineno")
+        with open(path, "w") as f:
+            f.write(f"traced {sum(s.size for s in stats) / 2**20:.1f} MiB\n")
+            f.writelines(f"{s}\n" for s in stats[:top])
 
 
 async def _listen_tcp(runner: web.AppRunner, listen: tuple[str, int], state_dir: Path,

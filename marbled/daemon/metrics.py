@@ -11,7 +11,6 @@ broker process (Prometheus's `rate()` takes the reset); the store keeps the hist
 
 from __future__ import annotations
 
-from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -79,9 +78,10 @@ class BrokerMetrics:
         self.store_held.set_function(held)
 
     def event(self, kind: str, run_id: int | None, data: dict) -> None:
-        """One event the ledger wrote (its kind, run and data)."""
+        """One event the ledger wrote (its kind, run and data); a submission's `submitted`
+        events come as one, `jobs` of them."""
         if kind == "submitted":
-            self.submitted.inc()
+            self.submitted.inc(data.get("jobs", 1))
         elif kind in ("started", "resumed"):
             self.runs_started.labels(kind, data.get("role", "")).inc()
         elif kind == "suspend-requested":
@@ -122,7 +122,7 @@ class _Live:
     def collect(self) -> Iterator[Metric]:
         state = self._state
         jobs, gpus = self._families()
-        counts = Tally(job.state for job in state.jobs.values())
+        counts = state.counts()  # kept by the state: no job is read
         for s in JobState:
             jobs.add_metric([s.value], counts[s])
         busy: dict[str, set[int]] = {n: set() for n in state.nodes}

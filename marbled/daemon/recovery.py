@@ -16,11 +16,15 @@ what they can (`core/outcome.py`): its acknowledged checkpoint, its last progres
 report (at the job's last step: done, with no relaunch), or nothing: then the
 outcome is unknown and the run is run again, and its record says so ("outcome
 unknown: run again"). Its detail says "recovered after a broker restart".
+
+Only the unfinished jobs (and those whose run is open) are read and rebuilt: a job that
+ended is what the store records of it, and the broker asks the store when it needs one (a
+dependency, a name, a view). The state counts the ended ones all the same (`ended_before`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
 from marbled.batch.local import find_run_process, process_start_time
@@ -28,28 +32,38 @@ from marbled.core.model import Job, JobState, Placement, Role
 from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.runs import LiveRun, Runs
-from marbled.store.db import Store, job_spec, placement_parts
+from marbled.store.db import Store, job_spec, placement_parts, recorded_job
 
 # The broker's side, as callbacks: a job enters the state (with the steps it has done); an
 # adopted run's expected end, from (job, started at, start step, GPUs, share); a wake-up at.
 Add = Callable[[Job, JobSpec, int], None]
 Expect = Callable[[int, float, int, int, int], None]
+# The jobs that ended before, which the state does not hold: their counts by state, and the
+# ids of those submitted after the oldest job it holds (`State.ended_before`).
+EndedBefore = Callable[[Mapping[JobState, int], Iterable[int]], None]
+UNFINISHED = tuple(s.value for s in JobState if not s.finished)
+FINISHED = tuple(s.value for s in JobState if s.finished)
 
 
 def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: Expect,
-            wake_at: Callable[[float], None]) -> dict[str, int]:
-    """Rebuild the jobs of `store` through `add`, adopt their open runs on `nodes` into
-    `runs`; the job names, to their ids."""
-    names: dict[str, int] = {}
-    open_runs = {r.job_id: r for r in store.runs() if r.ended_at is None}
+            wake_at: Callable[[float], None], ended_before: EndedBefore) -> None:
+    """Rebuild the unfinished jobs of `store` through `add`, adopt their open runs on `nodes`
+    into `runs`, and count the ended ones through `ended_before`."""
+    # Only the open runs (an index of them), and the unfinished jobs as light records (plain
+    # SQL, no ORM objects): what a start reads is what is live, not every job ever.
+    open_runs = {r.job_id: r for r in store.open_runs()}
     environments = store.environments()
-    for row in store.jobs():
-        if row.name:
-            names[row.name] = row.id
+    rows = store.job_page(states=UNFINISHED, also=list(open_runs))
+    ended = {JobState(s): n for s, n in store.job_counts().items() if s in FINISHED}
+    for row in rows:
+        if row.state in FINISHED:  # read for its open run: counted as it is settled
+            ended[JobState(row.state)] -= 1
+    held = {row.id for row in rows}
+    ended_before(ended, [i for i in store.job_ids(FINISHED, after=rows[0].id) if i not in held]
+                 if rows else ())
+    for row in rows:
         state = JobState(row.state)
-        job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
-                  suspensions=row.suspensions, not_before=row.not_before,
-                  max_share=row.max_share, submitted=row.submitted_at, nodes_min=row.nodes_min)
+        job = recorded_job(row)
         if row.not_before is not None:
             wake_at(row.not_before)
         run = open_runs.get(row.id)
@@ -77,7 +91,6 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         elif state.holds_gpus:
             state = JobState.SUSPENDED
         add(replace(job, state=state), job_spec(row, environments), done)
-    return names
 
 
 def _ended_by(runs: Runs, job_id: int, run_id: int) -> dict | None:

@@ -6,18 +6,19 @@ import asyncio
 import functools
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from marbled.core.errors import Never, NotFound
 from marbled.core.explain import RUN_STARTS, reasons
 from marbled.core.learning import LearnedBook
-from marbled.core.model import JobState
+from marbled.core.model import Job, JobState, Role
 from marbled.core.policy.base import role_now
 from marbled.core.profiles import ProfileBook, model_key
 from marbled.core.progress import UNKNOWN, Progress, run_progress
 from marbled.core.target import Target, explicit, of_job
 from marbled.daemon.workfiles import NO_OUTPUT
-from marbled.store.db import placement_parts
+from marbled.store.db import job_spec, placement_parts, recorded_job
 
 if TYPE_CHECKING:
     from marbled.daemon.broker import Broker
@@ -38,9 +39,8 @@ class Views:
 
     def status(self) -> dict:
         b = self.broker
-        counts: dict[str, int] = {}
-        for job in b.state.jobs.values():
-            counts[job.state.value] = counts.get(job.state.value, 0) + 1
+        # the live state's tallies: what the live jobs cost, not every job ever
+        counts = {s.value: n for s, n in b.state.counts().items() if n}
         return {
             "pid": os.getpid(),
             "policy": b.policy.name,
@@ -66,13 +66,13 @@ class Views:
         GPUs (a suspension under way, a stop): the rows are filtered in SQL by state, with
         the few jobs that hold GPUs added, and then by the state shown."""
         b, wanted = self.broker, set(states)
-        also = [j.id for j in b.state.jobs.values() if j.state.holds_gpus] if wanted else ()
+        also = b.state.holding() if wanted else ()
         views: list[dict] = []
         while limit is None or len(views) <= limit:
             want = None if limit is None else limit + 1 - len(views)
             rows = b.store.job_page(states=sorted(wanted | HOLDING) if wanted else (),
                                     also=also, after=after, limit=want, name=name)
-            views += [v for v in map(self.job, rows) if not wanted or v["state"] in wanted]
+            views += [v for v in self._page(rows) if not wanted or v["state"] in wanted]
             if not rows or want is None or len(rows) < want:
                 break
             after = rows[-1].id
@@ -80,16 +80,25 @@ class Views:
             return views[:limit], views[limit - 1]["id"]
         return views, None
 
-    def job(self, row) -> dict:
-        """One `jobs` row as the API shows it, with what the live state knows better."""
+    def _page(self, rows: list) -> list[dict]:
+        """The views of `rows`; the last runs of the ended jobs the state no longer holds
+        (their roles) are read in one query."""
+        b = self.broker
+        last = b.store.last_runs([r.id for r in rows if r.id not in b.state.jobs])
+        return [self.job(r, last.get(r.id, ())) for r in rows]  # (): read, it has no run
+
+    def job(self, row, last: tuple | None = None) -> dict:
+        """One `jobs` row as the API shows it, with what the live state knows better; `last`:
+        (role, end reason) of its last run (() if none), if the state no longer holds it and
+        the caller has read it."""
         b = self.broker
         job = b.state.jobs.get(row.id)
         parts = job.placement.parts() if job and job.placement else ()
+        role = role_now(job, b.state, b.policy.promotes) if job else self._ended_role(row, last)
         view = {
             "id": row.id, "name": row.name, "model": row.model, "steps": row.steps,
             "state": (job.state if job else JobState(row.state)).value,
-            "role": role.value if job and (role := role_now(job, b.state, b.policy.promotes))
-            else None,
+            "role": role.value if role else None,
             "node": ",".join(n for n, _ in parts) or None,
             "gpus": [g for _, gs in parts for g in gs],
             "parts": [[n, list(gs)] for n, gs in parts],  # its GPUs on each of its nodes
@@ -116,6 +125,26 @@ class Views:
         view.update(rate=speed.rate, rate_source=speed.source, finish_at=speed.finish_at,
                     eta_s=speed.eta(b.clock.time()))
         return view
+
+    def _ended_role(self, row, last: tuple | None = None) -> Role | None:
+        """The role of an ended job the state no longer holds, as the broker held it at its
+        end: its last run's, if that run ended it (not one suspended, or failed and retried,
+        before the job was cancelled); `last`: that run's (role, end reason) if read, () if
+        it has none."""
+        if not JobState(row.state).finished:
+            return None
+        if last is None:
+            last = self.broker.store.last_runs([row.id]).get(row.id)
+        return Role(last[0]) if last and last[1] == row.state else None
+
+    def _ended(self, row) -> Job | None:
+        """An ended job the state no longer holds, as the broker held it at its end (for
+        `explain`): its row, its role, its model's curve; None for an unfinished job's row."""
+        state = JobState(row.state)
+        if not state.finished:
+            return None
+        return replace(recorded_job(row), state=state, role=self._ended_role(row),
+                       curve=self.broker.curve_of(row.id, job_spec(row)))
 
     def _speed(self, job_id: int, steps: int | None, progress: dict | None = None) -> Progress:
         """A running job's speed and end, from its run's last progress report (`progress`,
@@ -157,7 +186,7 @@ class Views:
         if not rows:
             raise NotFound(f"no job {job_id}", "id")
         view = self.job(rows[0])
-        job = b.state.jobs.get(job_id)
+        job = b.state.jobs.get(job_id) or self._ended(rows[0])
         now = b.clock.time()
         view["why"] = b.policy.explain(job, b.state, now) if job else None
         view["runs"] = [run_view(r) for r in b.store.runs(job_id)]
@@ -257,7 +286,7 @@ class Views:
         b, now = self.broker, self.broker.clock.time()
         left = [Left(job.id, b.specs[job.id], self._steps_left(job), job.placement is not None,
                      job.after)
-                for job in b.state.jobs.values() if not job.state.finished]
+                for job in b.state.active()]
         emulated = {b.specs[j.id].emulate for j in left}
         if len(emulated) > 1:
             return {"at": now, "finish_at": None, "jobs": [],

@@ -34,6 +34,8 @@ CREATE TABLE jobs (
 	PRIMARY KEY (id)
 );
 CREATE INDEX ix_jobs_state ON jobs (state);
+-- `after:` a name: the latest job of that name (made at any start if missing: no new version)
+CREATE INDEX ix_jobs_name ON jobs (name);
 
 -- One row per launch segment: a job suspended once has two runs.
 CREATE TABLE runs (
@@ -58,6 +60,8 @@ CREATE TABLE runs (
 	FOREIGN KEY(job_id) REFERENCES jobs (id)
 );
 CREATE INDEX ix_runs_job_id ON runs (job_id);
+-- the open runs, which a broker's start adopts (made at any start if missing: no new version)
+CREATE INDEX ix_runs_open ON runs (job_id) WHERE ended_at IS NULL;
 
 -- Append-only journal: submitted started resumed suspend-requested acknowledged
 -- suspend-timeout stop done suspended failed cancelled adopted drain placed

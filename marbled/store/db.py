@@ -21,17 +21,20 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     create_engine,
     event,
     func,
     select,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import StaticPool
 
 from marbled.core.environment import Environment
+from marbled.core.model import Job
 from marbled.core.spec import JobSpec
 
 SCHEMA_VERSION = 9
@@ -62,6 +65,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
+# Indexes added to existing tables after their version (create_all makes them only with a new
+# table): made at every start if missing.
+INDEXES = ("CREATE INDEX IF NOT EXISTS ix_runs_open ON runs (job_id) WHERE ended_at IS NULL",
+           # `after:` a name the broker no longer holds (an ended job) is read from the store
+           "CREATE INDEX IF NOT EXISTS ix_jobs_name ON jobs (name)")
+
+
 class SchemaError(RuntimeError):
     pass
 
@@ -73,7 +83,7 @@ class Base(DeclarativeBase):
 class JobRow(Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str | None] = mapped_column(String(128))
+    name: Mapped[str | None] = mapped_column(String(128), index=True)
     model: Mapped[str | None] = mapped_column(String(128))
     steps: Mapped[int | None] = mapped_column(Integer)
     gpus_request: Mapped[int | None] = mapped_column(Integer)  # NULL = auto
@@ -103,6 +113,8 @@ class JobRow(Base):
 
 class RunRow(Base):
     __tablename__ = "runs"
+    # the open runs (a broker's start adopts them) without a scan of every run ever
+    __table_args__ = (Index("ix_runs_open", "job_id", sqlite_where=text("ended_at IS NULL")),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     node: Mapped[str] = mapped_column(String(128))
@@ -215,6 +227,11 @@ class Store:
         if self.path is not None:
             migrate(self.path)
         Base.metadata.create_all(self.engine)
+        # Indexes added since their table (no new version: an older marbled reads and writes
+        # the same rows, and an index it does not know of is kept up to date by SQLite)
+        with self.engine.begin() as con:
+            for statement in INDEXES:
+                con.exec_driver_sql(statement)
         self._writer = None  # the pooled connection the broker's ledger writes through
         with self.tx() as s:
             if s.get(MetaRow, "schema_version") is None:
@@ -288,8 +305,47 @@ class Store:
                           loads(r[14]) if r[14] is not None else None, *r[15:])
                 for r in self.writer().execute(sql, args)]
 
+    # What a broker asks of the jobs it no longer holds (it keeps the unfinished ones only):
+    # plain SQL on the writer's connection, which sees its own writes not yet committed.
+
+    def job_state(self, job_id: int) -> str | None:
+        """The state recorded of job `job_id`; None if there is no such job."""
+        row = self.writer().execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row[0] if row else None
+
+    def job_named(self, name: str) -> int | None:
+        """The id of the latest job named `name` (ix_jobs_name); None if none is."""
+        return self.writer().execute("SELECT max(id) FROM jobs WHERE name = ?",
+                                     (name,)).fetchone()[0]
+
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each recorded state (ix_jobs_state: no row is read)."""
+        return dict(self.writer().execute("SELECT state, count(*) FROM jobs GROUP BY state"))
+
+    def job_ids(self, states: Collection[str], after: int) -> list[int]:
+        """The ids above `after` of the jobs in one of `states`, ascending."""
+        return [r[0] for r in self.writer().execute(
+            f"SELECT id FROM jobs WHERE state IN ({', '.join('?' * len(states))}) AND id > ? "
+            "ORDER BY id", (*states, after))]
+
+    def last_runs(self, job_ids: Collection[int]) -> dict[int, tuple[str, str | None]]:
+        """(role, end reason) of the last run of each of `job_ids` that has one."""
+        ids, out = list(job_ids), {}
+        for i in range(0, len(ids), 500):  # (a page of every job: within SQLite's variables)
+            part = ids[i:i + 500]
+            out.update((r[0], (r[1], r[2])) for r in self.writer().execute(
+                "SELECT job_id, role, end_reason FROM runs WHERE id IN (SELECT max(id) FROM "
+                f"runs WHERE job_id IN ({', '.join('?' * len(part))}) GROUP BY job_id)", part))
+        return out
+
     def runs(self, job_id: int | None = None) -> list[RunRow]:
         return self._of_job(RunRow, job_id, RunRow.started_at, RunRow.id)
+
+    def open_runs(self) -> list[RunRow]:
+        """The runs not recorded as ended (ix_runs_open: no scan of every run ever)."""
+        with self.tx() as s:
+            return list(s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))
+                                  .order_by(RunRow.started_at, RunRow.id)))
 
     def events(self, job_id: int | None = None) -> list[EventRow]:
         return self._of_job(EventRow, job_id, EventRow.id)
@@ -374,6 +430,14 @@ def job_spec(row, environments: Mapping[str, Environment] | None = None) -> JobS
                    per_gpu=bool(row.per_gpu), nodes_min=row.nodes_min,
                    environment=(environments or {}).get(env, Environment()) if env
                    else Environment())
+
+
+def recorded_job(row) -> Job:
+    """The job a `jobs` row records, queued (the caller puts it in its state): what a broker's
+    start rebuilds, and what the views show of an ended job the broker no longer holds."""
+    return Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
+               suspensions=row.suspensions, not_before=row.not_before, max_share=row.max_share,
+               submitted=row.submitted_at, nodes_min=row.nodes_min)
 
 
 def request_digest(specs: list[JobSpec]) -> str:

@@ -16,15 +16,16 @@ import itertools
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from marbled.core.model import JobState
 from marbled.core.policy import get_policy
 from marbled.core.spec import JobSpec
 from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
 from marbled.resources import load_profile
-from marbled.store.db import Store
+from marbled.store.db import Store, recorded_job
 from marbled.worker.protocol import ACK_FILE, PROGRESS_FILE, atomic_write_json
 
 
@@ -170,7 +171,13 @@ class Harness:
         return row.id
 
     def job(self, job_id: int):
-        return self.broker.state.jobs[job_id]
+        """The job as the broker holds it, or as the store records it once it has ended and
+        left the broker's state."""
+        job = self.broker.state.jobs.get(job_id)
+        if job is not None:
+            return job
+        (row,) = self.store.jobs([job_id])
+        return replace(recorded_job(row), state=JobState(row.state))
 
     def events(self, job_id: int) -> list[str]:
         return [e.kind for e in self.store.events(job_id)]

@@ -230,7 +230,7 @@ class Brokers:
             live = b.runs.live.get(proc.job)
             if live is None or live.run_id != proc.run_id:
                 problems.append(f"{proc} lives, and the broker does not watch it "
-                                f"(job {proc.job} is {b.state.jobs[proc.job].state})")
+                                f"(job {proc.job} is {b.state.outcome(proc.job)})")
         return problems
 
     def store_disagrees(self) -> list[str]:
@@ -269,7 +269,7 @@ class Brokers:
             if e.job_id is not None:
                 events.setdefault(e.job_id, []).append(e)
         for j, truth in self.world.jobs.items():
-            state = b.state.jobs[j].state
+            state = b.state.outcome(j)  # a job that ended has left the state: the store's
             tag = ("plain-rerun-after-crash" if not truth.protocol
                    and any(p.kills_seen for p in truth.procs) else None)
             ends = [e.kind for e in events.get(j, []) if e.kind in ("done", "cancelled")
@@ -285,7 +285,7 @@ class Brokers:
                     problems.append(f"job {j} ({truth.kind}) is done, steps {missing[:5]}... "
                                     "never trained")
             if state is JobState.DONE:
-                undone = [d for d in truth.after if b.state.jobs[d].state is not JobState.DONE]
+                undone = [d for d in truth.after if b.state.outcome(d) is not JobState.DONE]
                 if undone:
                     problems.append(f"job {j} is done; it depended on {undone}, not done")
         return problems + self.store_disagrees()
@@ -310,7 +310,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 for v in {v.tag for v in self.b.world.violations}:
                     event(f"known break: {v}")
                 for truth in self.b.world.jobs.values():
-                    event(f"{truth.kind}: {self.b.broker.state.jobs[truth.job].state}"
+                    event(f"{truth.kind}: {self.b.broker.state.outcome(truth.job)}"
                           f"{' (launched)' if truth.launches else ''}")
                 event(f"kill -9s: {min(self.b.world.generation, 3)}")
                 assert not problems, "\n".join(problems + ["-- steps:", *self.b.log])
@@ -331,7 +331,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         return bool(self.b.world.alive())
 
     def some_jobs(self) -> bool:
-        return self.up() and bool(self.b.broker.state.jobs)
+        return self.up() and any(self.b.broker.state.counts().values())
+
+    def known_jobs(self) -> list[int]:
+        """Every job the broker knows, ended ones included (they have left its state)."""
+        b = self.b.broker
+        return [j for j in sorted(set(b.state.jobs) | set(self.b.world.jobs))
+                if b.state.outcome(j) is not None]
 
     # ------------------------------------------------------------ the user
 
@@ -362,7 +368,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(bad=st.sampled_from(BAD), first=st.booleans())
     def bad_request(self, bad, first):
         b = self.b.broker
-        before = (b._next_id, len(b.state.jobs), len(self.b.store.jobs()))
+        before = (b.intake.next_id, sum(b.state.counts().values()), len(self.b.store.jobs()))
         good = {"command": ["train"], "model": "resnet-50", "steps": 5}
         try:
             specs = [JobSpec.from_mapping(d) for d in ((bad, good) if first else (good, bad))]
@@ -372,15 +378,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             raise AssertionError(f"a bad request was accepted: {bad}")
         self.b.settle()
-        assert (b._next_id, len(b.state.jobs), len(self.b.store.jobs())) == before
+        assert (b.intake.next_id, sum(b.state.counts().values()),
+                len(self.b.store.jobs())) == before
 
     @precondition(some_jobs)
     @rule(pick=st.integers(0, 10**6))
     def suspend(self, pick):
         b = self.b.broker
-        jobs = sorted(b.state.jobs)
+        jobs = self.known_jobs()
         job = jobs[pick % len(jobs)]
-        truth, state = self.b.world.jobs[job], b.state.jobs[job].state
+        truth, state = self.b.world.jobs[job], b.state.outcome(job)
         try:
             b.suspend(job)
             self.b.log.append(f"suspend {job}")
@@ -397,7 +404,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 10**6))
     def cancel(self, pick):
         b = self.b.broker
-        jobs = sorted(b.state.jobs)
+        jobs = self.known_jobs()
         job = jobs[pick % len(jobs)]
         truth = self.b.world.jobs[job]
         was = truth.cancelled
@@ -576,7 +583,7 @@ def test_a_plain_command_that_completed_during_a_crash_is_not_run_again(tmp_path
         b.start()
         b.run_to_the_end()
         assert b.world.jobs[job].completions == 1 and b.world.jobs[job].launches == 1
-        assert b.broker.state.jobs[job].state is JobState.DONE
+        assert b.broker.state.outcome(job) is JobState.DONE
 
 
 def test_an_adopted_plain_command_that_completes_is_not_run_again(tmp_path):
@@ -587,6 +594,6 @@ def test_an_adopted_plain_command_that_completes_is_not_run_again(tmp_path):
         b.start()  # adopts it alive
         only(b, job).train(PLAIN_TICKS)  # it completes under the new broker
         b.settle()
-        assert b.broker.state.jobs[job].state is JobState.DONE  # today: suspended, relaunched
+        assert b.broker.state.outcome(job) is JobState.DONE  # today: suspended, relaunched
         b.run_to_the_end()
         assert b.world.jobs[job].completions == 1 and b.world.jobs[job].launches == 1

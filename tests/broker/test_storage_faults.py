@@ -229,7 +229,7 @@ async def test_a_row_that_belongs_to_a_submission_is_written_or_refused_with_it(
                 "INSERT INTO meta (key, value) VALUES (?, 'x')", (name,))
 
         disk.full = True
-        admitted = h.broker._admit([JobSpec.from_mapping(PAIR)])
+        admitted = h.broker.intake._admit([JobSpec.from_mapping(PAIR)])
         with pytest.raises(Unavailable, match="disk is full"):
             ledger.submitted(admitted, h.clock.time(), also=key("refused"))
         disk.full = False

@@ -35,6 +35,8 @@ install_packages() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
   done
   [ -z "$missing" ] && return 0
+  exec 8>/var/lock/marbled-apt.lock  # one apt at a time (tests/debian-packages.sh)
+  flock 8
   log "installing:$missing"
   export DEBIAN_FRONTEND=noninteractive
   local own_policy=0  # keep the package scripts from starting daemons with the stock config

@@ -140,9 +140,8 @@ class Policy:
         if status == "broken":
             return f"will be cancelled: {BROKEN}"
         if status == "wait":
-            open_ = [d for d in job.after if state.jobs[d].state is not JobState.DONE]
-            return "waits for " + ", ".join(f"job {d} ({state.jobs[d].state.value})"
-                                            for d in open_)
+            open_ = [(d, s) for d in job.after if (s := state.outcome(d)) is not JobState.DONE]
+            return "waits for " + ", ".join(f"job {d} ({s.value})" for d, s in open_)
         ahead = 0
         for other in fifo_candidates(state, now):
             if other.id == job.id:

@@ -1,0 +1,73 @@
+"""`marble`'s everyday commands import what they print with and the small client, not the
+broker's checks or its dependencies: `marble submit` in a shell loop of a thousand jobs pays
+for each import a thousand times, and the broker checks every job again anyway (issue "a
+broker that is never the bottleneck"). Each command runs to its end against a real broker
+(its text printed, its refusals said), in a fresh interpreter that then lists its modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.daemon
+
+# What the fast commands must never import: the job's checks and the profiles (the
+# broker's), the simulator's model and learning, and the broker's dependencies
+HEAVY = ("marbled.core.spec", "marbled.core.profiles", "marbled.core.model",
+         "marbled.core.target", "marbled.core.learning", "marbled.cli.offline_api",
+         "aiohttp", "sqlalchemy", "yaml", "numpy")
+
+RUN = """
+import json, sys
+from marbled.cli.client_cmd import main
+try:
+    main(sys.argv[2:], prog_name="marble")
+except SystemExit as exc:
+    code = exc.code
+with open(sys.argv[1], "w") as out:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
+"""
+
+
+def marble(daemon, tmp_path, *args: str) -> tuple[int, list[str], str]:
+    """Run `marble ARGS` in a new interpreter: its exit code, modules and output."""
+    record = tmp_path / "modules.json"
+    done = subprocess.run([sys.executable, "-c", RUN, str(record), *args],
+                          env={**os.environ, "MARBLE_STATE_DIR": str(daemon.state_dir)},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and record.exists(), done.stderr
+    doc = json.loads(record.read_text())
+    return doc["code"], doc["modules"], done.stdout + done.stderr
+
+
+def heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY]
+
+
+# each command in turn on one broker: what it is given, its exit code, what it says
+COMMANDS = [
+    (("submit", "--gpus", "1", "--", "true"), 0, "submitted job 1: 1 GPU (fixed)"),
+    # the broker's note on a model no profile knows; its refusal said as the option's
+    (("submit", "--model", "resnt-50", "--steps", "100", "--", "sleep", "30"), 0,
+     "did you mean resnet-50?"),
+    (("submit", "--gpus", "1", "--steps", "0", "--", "true"), 2,
+     "--steps: must be a whole number"),
+    (("status", "--all"), 0, " done "),
+    (("status",), 0, "ended since the broker started: 1 done"),
+    (("show", "2"), 0, "resnt-50"),
+    (("logs", "1"), 0, ""),
+    (("cancel", "2"), 0, "cancel requested for job 2"),
+]
+
+
+def test_the_fast_commands_import_only_what_they_print_with(daemon, tmp_path):
+    for args, code, says in COMMANDS:
+        if args[0] == "status":  # with job 1 ended
+            daemon.wait_for(lambda: daemon.jobs()[0]["state"] == "done", what="job 1 done")
+        exit_code, modules, said = marble(daemon, tmp_path, *args)
+        assert exit_code == code and says in said, (args, said)
+        assert heavy(modules) == [], f"marble {' '.join(args)} imports {heavy(modules)}"
