@@ -25,12 +25,12 @@ from urllib.parse import parse_qs, urlsplit
 from marbled.api.openapi import LOG_PAGE, LOG_STREAMS, MAX_LOG_BYTES
 from marbled.cli.client import ApiError, BrokerUnreachable
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal
-from marbled.core.model import Job, JobState, Node, Placement, Role, State
+from marbled.core.model import JobState, Node, Placement, Role, State
 from marbled.daemon.views import Views
 from marbled.daemon.workfiles import JobFiles
 from marbled.paths import DB_NAME
 from marbled.report.queries import StateFileError, open_state
-from marbled.store.db import Store, job_spec, placement_parts
+from marbled.store.db import Store, job_spec, placement_parts, recorded_job
 
 LOCK_NAME = "marbled.lock"  # where a broker wrote its pid (daemon/main.py)
 FREE_NOW = "; the most free on a node is"  # how a policy's why_waiting ends with the free GPUs
@@ -134,10 +134,7 @@ class Records:
             runs.setdefault(run.job_id, []).append(run)
         for row in self.store.jobs():
             state, last = JobState(row.state), (runs.get(row.id) or [None])[-1]
-            job = Job(row.id, row.demand, row.malleable, tuple(row.after), row.nodes,
-                      suspensions=row.suspensions, not_before=row.not_before,
-                      max_share=row.max_share, submitted=row.submitted_at,
-                      nodes_min=row.nodes_min, state=state)
+            job = replace(recorded_job(row), state=state)
             parts = placement_parts(last.node, last.gpu_ids) if last is not None else []
             if state.holds_gpus and last is not None and last.ended_at is None \
                     and all(n in self.state.nodes for n, _ in parts):
