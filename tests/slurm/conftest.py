@@ -110,6 +110,15 @@ def slurm_job_state(job_id: str) -> str:
     return found.group(1) if found else "GONE"
 
 
+def allocated_node(job_id: str) -> str:
+    """The node Slurm gave a one-node allocation: n1 unless a previous test's allocation
+    still held it (Slurm then picks n2), so tests name the node they were given."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert re.fullmatch(r"n\d+", out), f"allocation {job_id} is not on one node: {out!r}"
+    return out
+
+
 @pytest.fixture
 def allocate(slurm_cluster):
     """allocate(*salloc options) -> job id of a new allocation, held without a shell."""

@@ -32,7 +32,7 @@ from tests.scenarios import (
     run_figure5,
     training,
 )
-from tests.slurm.conftest import api_reader, slurm_job_state, wait_slurm_job
+from tests.slurm.conftest import allocated_node, api_reader, slurm_job_state, wait_slurm_job
 
 pytestmark = pytest.mark.slurm
 
@@ -77,12 +77,13 @@ def test_figure5_through_real_job_steps(daemon_factory, allocate):
     """Figure 5 with every run a job step: ResNet-50 primary on 3, Inception-v3 secondary
     on 3 then promoted to 4 (a new step), VGG-16 secondary on 2; GPU sets from the steps."""
     job = allocate(*ONE_NODE)
+    node = allocated_node(job)
     d = _broker(daemon_factory, job)
-    all_runs = run_figure5(d, "n1")
+    all_runs = run_figure5(d, node)
     placed = _placed(d)
     assert set(placed) == {r["id"] for r in all_runs}  # every run reported from its step
     assert len({p["step"] for p in placed.values()}) == len(all_runs)  # one step per run
-    assert all(p["node"] == "n1" for p in placed.values())
+    assert all(p["node"] == node for p in placed.values())
     acks = d.query("SELECT data FROM events WHERE kind = 'acknowledged'")
     # every suspension reached its job (scancel --signal=TSTP): Inception-v3's, and VGG-16's
     # where it did not end within the broker's wait for due runs (coalesce_max_s)
@@ -313,6 +314,7 @@ def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):
     """`marble profile` in an allocation: every count (and the resume) is its own job step on
     the node, with the GPUs Slurm gave it, and the curve comes out of those steps."""
     job = allocate(*ONE_NODE)
+    node = allocated_node(job)
     work = tmp_path / "work"
     out = subprocess.run(
         [sys.executable, "-m", "marbled.cli.client_cmd", "profile", "--model", "resnet-50",
@@ -325,7 +327,7 @@ def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):
     steps = {}
     for g in (1, 2, 3):
         info = json.loads((work / "resnet-50" / f"{g}-gpus" / "slurm-step.json").read_text())
-        assert info["job_id"] == job and info["node"] == "n1"
+        assert info["job_id"] == job and info["node"] == node
         assert len(info["gpus"].split(",")) == g  # SLURM_STEP_GPUS: Slurm's own choice
         steps[g] = info["step_id"]
     assert len(set(steps.values())) == 3
