@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import sys
 
@@ -199,257 +200,262 @@ ENVIRONMENT = {
 
 DEPENDENCY = {"oneOf": [{"type": "integer", "minimum": 1},
                         {"type": "string", "minLength": 1, **NO_CONTROL}]}
-JOB = {
-    "type": "object",
-    "additionalProperties": False,
-    "description": "Give either a `command` (a string, split into words as a shell does, or "
-                   f"a list of words; at most {MAX_COMMAND_ARGS} words) or `emulate: true` "
-                   "with `model` and `steps`; without a GPU count (`gpus` 'auto'), a `model`. "
-                   "null is the same as leaving a field out.",
-    # the rules between fields (JobSpec.from_mapping, size_job)
-    "allOf": [
-        {"oneOf": [
-            {"title": "a job that runs a command", "required": ["command"], "properties": {
-                "command": {"anyOf": [
-                    {"type": "string", "pattern": COMMAND_WORDS},
-                    {"type": "array", "minItems": 1}]},
-                "emulate": {"const": False}}},
-            {"title": "an emulated job", "required": ["emulate", "model", "steps"],
-             "properties": {
-                 "emulate": {"const": True},
-                 "command": {"anyOf": [{"type": "null"},
-                                       {"type": "string", "pattern": NO_WORDS},
-                                       {"type": "array", "maxItems": 0}]},
-                 "model": {"type": "string"}, "steps": {"type": "integer"}}}]},
-        {"anyOf": [{"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
-                   {"required": ["model"], "properties": {"model": {"type": "string"}}}]},
-        {"not": {"title": "torchrun with per_gpu", "required": ["per_gpu", "command"],
-                 "properties": {"per_gpu": {"const": True}, "command": {"anyOf": [
-                     {"type": "string", "pattern": TORCHRUN_WORD},
-                     {"type": "array", "prefixItems": [{"pattern": "(^|/)torchrun$"}]}]}}}},
-    ],
-    "properties": {
-        "command": {"anyOf": [{"type": "null"}, {"type": "string", **NO_NUL},
-                              {"type": "array", "maxItems": MAX_COMMAND_ARGS,
-                               "items": {"type": "string", **NO_NUL}}]},
-        "emulate": {"type": "boolean", "default": False},
-        "model": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_MODEL,
-                  "pattern": f"^[{MODEL_CHARS}]+$",
-                  "description": "letters, digits and . _ + : / -; an alias or another "
-                                 "spelling of a profile's model is recorded under the "
-                                 "profile's name"},
-        "new_model": {"type": "boolean", "default": False,
-                      "description": "the model is meant to be one no profile knows: no "
-                                     "note in the answer"},
-        "steps": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_STEPS},
-        "gpus": {"anyOf": [{"const": "auto"}, {"type": "null"},
-                           {"type": "integer", "minimum": 1}],
-                 "default": "auto"},
-        "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}],
-                  "description": "earlier jobs, by id or name (the latest so named, in this "
-                                 "request or before it); one that is not there, or not earlier "
-                                 "(this job, a later one of the request), is a 404"},
-        "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
-                 "pattern": _one_not_in(str.isdigit), **NO_CONTROL,
-                 "description": "not only digits (it would read as a job id); one line of "
-                                "printable characters (a control character is refused, "
-                                "never changed)"},
-        "nodes": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_NODES},
-                            {"type": "string", "pattern": NODE_RANGE}],
-                  "default": 1,
-                  "description": "run `gpus` GPUs on each of this many nodes (one process "
-                                 "per node; policies marble, adaptive and rigid), or a range "
-                                 "'MIN-MAX' (MIN <= MAX): the GPUs of MAX nodes, on the "
-                                 "fewest nodes in the range that divide them and have them "
-                                 "free"},
-        "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
-                    "description": "times a failed run is started again from its checkpoint, "
-                                   "after a back-off that doubles each time"},
-        "per_gpu": {"type": "boolean", "default": False,
-                    "description": "one process (rank) per GPU of the run, each with RANK, "
-                                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and its "
-                                   "own CUDA_VISIBLE_DEVICES; not with torchrun (or python -m "
-                                   "torch.distributed.run), which starts them itself"},
-        "chdir": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\u0000]*$",
-                  "description": "the directory the job runs in: absolute (else 400), an "
-                                 "existing directory on the broker's host (else 404; 409 if "
-                                 "it cannot be entered); null: the broker's working "
-                                 "directory. `marble submit` sends its own"},
-        **ENVIRONMENT,
-    },
-}
-
-SPEC = {
-    "openapi": "3.1.0",
-    "info": {"title": "marbled broker API", "version": "1",
-             "description": "JSON over the broker's Unix socket (state directory)."},
-    # on the TCP listener (marbled --listen); the Unix socket checks the peer's uid instead
-    "security": [{"token": []}],
-    "paths": {
-        "/v1/status": {"get": {"summary": "broker, nodes, free GPUs, job counts",
-                               "description": "also `max_request_bytes` (the largest body "
-                                              "POST /v1/jobs reads: a larger one is a 413) "
-                                              "and `max_jobs_per_request`: a client sends a "
-                                              "large job set in as many requests as they need",
-                               "responses": _answer("status", schema=_ref("Status"))}},
-        "/v1/jobs": {
-            "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "
-                               "continues the page, null at the end",
-                    "parameters": [
-                        {"name": "state", "in": "query", "style": "form", "explode": True,
-                         "description": "only jobs in these states (repeat it: "
-                                        "state=queued&state=running)",
-                         "schema": {"type": "array", "items": {"enum": [
-                             "queued", "running", "suspending", "suspended", "done",
-                             "failed", "cancelled"]}}},
-                        {"name": "name", "in": "query",
-                         "description": "only jobs with this name (`marble show NAME` takes "
-                                        "the last)",
-                         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME}},
-                        {"name": "limit", "in": "query",
-                         "description": "at most this many jobs (all if absent)",
-                         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
-                        {"name": "after", "in": "query",
-                         "description": "only jobs with a greater id (the cursor: the last "
-                                        "page's `next`)",
-                         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}],
-                    "responses": _answer("jobs", schema=_ref("Jobs"))},
-            "post": {"summary": "submit one job, or {'jobs': [...]} all or none",
-                     "requestBody": {"required": True, "content": {"application/json": {
-                         "schema": {"oneOf": [
-                             {"$ref": "#/components/schemas/Job"},
-                             {"type": "object", "additionalProperties": False,
-                              "required": ["jobs"], "properties": {"jobs": {
-                                  "type": "array", "minItems": 1, "maxItems": 10000,
-                                  "items": {"$ref": "#/components/schemas/Job"}},
-                                  # the environment of every job that gives none
-                                  **ENVIRONMENT,
-                                  "client_token": {
-                                      **IDEMPOTENCY_KEY,
-                                      "description": f"as the {IDEMPOTENCY_HEADER} header "
-                                                     "(the same value if both are sent, else a "
-                                                     "409)"}}}]}}}},
-                     "parameters": [{
-                         "name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
-                         "schema": IDEMPOTENCY_KEY,
-                         "description": "a key new to each request (a UUID): a retry with the "
-                                        "same key and the same jobs is answered 200 with the "
-                                        "jobs the first request made (also while it is still "
-                                        "being stored, and after a restart of the broker), and "
-                                        "submits nothing; the same key with other jobs is a "
-                                        "409"}],
-                     "responses": {**_answer(
-                         f"a retry (the same {IDEMPOTENCY_HEADER} and jobs): the jobs the "
-                         "first request submitted, as they are now; header "
-                         "Idempotent-Replayed: true", schema=_ref("Submitted")), **_answer(
-                         "the accepted jobs, each with its `notes` (e.g. a model no profile "
-                         "knows, and the profile's models it is close to)", "201",
-                         ("404", "a job named in `after` does not exist"),
-                         ("413", "a body over `max_request_bytes` (GET /v1/status; 4 MiB "
-                                 "unless the broker's MARBLE_MAX_REQUEST_BYTES says otherwise)"),
-                         ("415", "the body is not application/json"),
-                         ("503", "the broker drains, has no GPUs or cannot write its store "
-                                 "now (GET /v1/status: `storage`): submit to the next one, or "
-                                 "again later"), schema=_ref("Submitted"))}},
+@functools.cache
+def _spec() -> dict:
+    """The description, built once at its first use: the name pattern scans all of
+    Unicode (0.1 s), which neither a broker's start nor an offline read should pay."""
+    job = {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Give either a `command` (a string, split into words as a shell does, or "
+                       f"a list of words; at most {MAX_COMMAND_ARGS} words) or `emulate: true` "
+                       "with `model` and `steps`; without a GPU count (`gpus` 'auto'), a `model`. "
+                       "null is the same as leaving a field out.",
+        # the rules between fields (JobSpec.from_mapping, size_job)
+        "allOf": [
+            {"oneOf": [
+                {"title": "a job that runs a command", "required": ["command"], "properties": {
+                    "command": {"anyOf": [
+                        {"type": "string", "pattern": COMMAND_WORDS},
+                        {"type": "array", "minItems": 1}]},
+                    "emulate": {"const": False}}},
+                {"title": "an emulated job", "required": ["emulate", "model", "steps"],
+                 "properties": {
+                     "emulate": {"const": True},
+                     "command": {"anyOf": [{"type": "null"},
+                                           {"type": "string", "pattern": NO_WORDS},
+                                           {"type": "array", "maxItems": 0}]},
+                     "model": {"type": "string"}, "steps": {"type": "integer"}}}]},
+            {"anyOf": [{"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
+                       {"required": ["model"], "properties": {"model": {"type": "string"}}}]},
+            {"not": {"title": "torchrun with per_gpu", "required": ["per_gpu", "command"],
+                     "properties": {"per_gpu": {"const": True}, "command": {"anyOf": [
+                         {"type": "string", "pattern": TORCHRUN_WORD},
+                         {"type": "array", "prefixItems": [{"pattern": "(^|/)torchrun$"}]}]}}}},
+        ],
+        "properties": {
+            "command": {"anyOf": [{"type": "null"}, {"type": "string", **NO_NUL},
+                                  {"type": "array", "maxItems": MAX_COMMAND_ARGS,
+                                   "items": {"type": "string", **NO_NUL}}]},
+            "emulate": {"type": "boolean", "default": False},
+            "model": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_MODEL,
+                      "pattern": f"^[{MODEL_CHARS}]+$",
+                      "description": "letters, digits and . _ + : / -; an alias or another "
+                                     "spelling of a profile's model is recorded under the "
+                                     "profile's name"},
+            "new_model": {"type": "boolean", "default": False,
+                          "description": "the model is meant to be one no profile knows: no "
+                                         "note in the answer"},
+            "steps": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_STEPS},
+            "gpus": {"anyOf": [{"const": "auto"}, {"type": "null"},
+                               {"type": "integer", "minimum": 1}],
+                     "default": "auto"},
+            "after": {"oneOf": [*DEPENDENCY["oneOf"], {"type": "array", "items": DEPENDENCY}],
+                      "description": "earlier jobs, by id or name (the latest so named, in this "
+                                     "request or before it); one that is not there, or not earlier "
+                                     "(this job, a later one of the request), is a 404"},
+            "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME,
+                     "pattern": _one_not_in(str.isdigit), **NO_CONTROL,
+                     "description": "not only digits (it would read as a job id); one line of "
+                                    "printable characters (a control character is refused, "
+                                    "never changed)"},
+            "nodes": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_NODES},
+                                {"type": "string", "pattern": NODE_RANGE}],
+                      "default": 1,
+                      "description": "run `gpus` GPUs on each of this many nodes (one process "
+                                     "per node; policies marble, adaptive and rigid), or a range "
+                                     "'MIN-MAX' (MIN <= MAX): the GPUs of MAX nodes, on the "
+                                     "fewest nodes in the range that divide them and have them "
+                                     "free"},
+            "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES, "default": 0,
+                        "description": "times a failed run is started again from its checkpoint, "
+                                       "after a back-off that doubles each time"},
+            "per_gpu": {"type": "boolean", "default": False,
+                        "description": "one process (rank) per GPU of the run, each with RANK, "
+                                       "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and its "
+                                       "own CUDA_VISIBLE_DEVICES; not with torchrun (or python -m "
+                                       "torch.distributed.run), which starts them itself"},
+            "chdir": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\u0000]*$",
+                      "description": "the directory the job runs in: absolute (else 400), an "
+                                     "existing directory on the broker's host (else 404; 409 if "
+                                     "it cannot be entered); null: the broker's working "
+                                     "directory. `marble submit` sends its own"},
+            **ENVIRONMENT,
         },
-        "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
-                                      "parameters": [JOB_ID],
-                                      "responses": _answer("job", schema=_ref("JobDetail"))}},
-        "/v1/jobs/{job_id}/log": {"get": {
-            "summary": "a page of a run's output: {job_id, state, runs, run, stream, offset, "
-                       "next_offset, size, text}; follow it by asking again from next_offset, "
-                       "and on with the next of `runs` once `run` has ended and next_offset "
-                       "is its size",
-            "parameters": [
-                JOB_ID,
-                {"name": "stream", "in": "query", "description": "stdout (default) or stderr",
-                 "schema": {"enum": list(LOG_STREAMS), "default": "stdout"}},
-                {"name": "run", "in": "query",
-                 "description": "the run's id (as GET /v1/jobs/{id} lists its runs); by "
-                                "default the job's latest run. 404 if it is not this job's",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}},
-                {"name": "offset", "in": "query",
-                 "description": "the byte to start at (a page's next_offset)",
-                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET,
-                            "default": 0}},
-                {"name": "limit", "in": "query",
-                 "description": f"at most this many bytes ({LOG_PAGE} by default, "
-                                f"{MAX_LOG_BYTES} with `tail`); a page cut short ends at a "
-                                "line's end",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_BYTES}},
-                {"name": "tail", "in": "query",
-                 "description": "only the last N lines (within `limit` bytes, from `offset`)",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
-                {"name": "rank", "in": "query",
-                 "description": "a per-GPU job's run: only this rank's lines, without their "
-                                "`[rank N] ` prefix (under Slurm, srun's `N: ` label; "
-                                "`offset`s stay the whole log's). 409 if "
-                                "the job is not per-GPU or the run has no such rank",
-                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RANK}}],
-            "responses": _answer("the page", schema=_ref("LogPage"))}},
-        "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
-                                              "parameters": [JOB_ID],
-                                              "responses": _answer("requested", "202",
-                                                                   schema=_requested("cancel"))}},
-        "/v1/jobs/{job_id}/suspend": {"post": {"summary": "checkpoint a running job now",
-                                               "parameters": [JOB_ID],
-                                               "responses": _answer("requested", "202",
-                                                                    schema=_requested("suspend"))}},
-        "/v1/runs": {"get": {"summary": "every launch segment",
-                             "responses": _answer("runs", schema=_ref("Runs"))}},
-        "/v1/curves": {"get": {
-            "summary": "each model's curve: the profile's, measured by runs, believed",
-            "parameters": [{"name": "model", "in": "query", "schema": {
-                "type": "string", "minLength": 1, "pattern": "\\S"}}],
-            "responses": _answer("curves", schema=_ref("Curves"))}},
-        "/v1/forecast": {"get": {
-            "summary": "when each unfinished job should start and end, and the queue with it "
-                       "(the simulator from now; `reason` says why not, when it cannot); "
-                       "`left_out`: [{id, why}] the jobs it cannot play (no curve, no step "
-                       "count) and those waiting for them; a running job "
-                       "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
-                       "of the job)",
-            "responses": _answer("forecast", schema=_ref("Forecast"))}},
-        "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
-                                  "responses": _answer("started", "202", schema=_object({
-                                      "shutdown": {"const": "started"}}))}},
-        "/v1/openapi.json": {"get": {"summary": "this description",
-                                     "responses": _answer("OpenAPI 3.1")}},
-        "/metrics": {"get": {
-            "summary": "Prometheus metrics: jobs by state, GPUs busy and idle per node, runs, "
-                       "suspensions, acknowledgement and decision latencies, API errors",
-            "responses": {
-                "200": {"description": "the Prometheus text exposition format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}}},
-                **{code: {"description": why,
-                          "content": {"application/json": {"schema": ERROR}}}
-                   for code, why in (("401", "TCP without the broker's token"),
-                                     ("403", "another user"),
-                                     ("404", "the broker keeps no metrics"))}}}},
-    },
-    "components": {"securitySchemes": {"token": {
-        "type": "http", "scheme": "bearer",
-        "description": "on the TCP listener: the token in STATE_DIR/token (new at every "
-                       "start); on the Unix socket, none"}}, "schemas": {
-        "Job": JOB,
-        # the answers (daemon/views.py): every field, as the contract test checks
-        "Status": STATUS, "JobView": JOB_VIEW, "Jobs": JOBS, "JobDetail": JOB_DETAIL,
-        "Submitted": SUBMITTED, "Run": RUN, "Runs": RUNS, "LogPage": LOG, "Forecast": FORECAST,
-        "Curves": CURVES,
-        "Error": {"type": "object", "required": ["error", "retry"], "properties": {
-            "error": {"type": "string", "description": "what to change"},
-            "field": {"type": "string", "description": "the field at fault"},
-            "retry": {"type": "boolean", "description": "true: not now (the same request "
-                                                        "may succeed later); false: never"}}},
-    }},
-}
+    }
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "marbled broker API", "version": "1",
+                 "description": "JSON over the broker's Unix socket (state directory)."},
+        # on the TCP listener (marbled --listen); the Unix socket checks the peer's uid instead
+        "security": [{"token": []}],
+        "paths": {
+            "/v1/status": {"get": {"summary": "broker, nodes, free GPUs, job counts",
+                                   "description": "also `max_request_bytes` (the largest body "
+                                                  "POST /v1/jobs reads: a larger one is a 413) "
+                                                  "and `max_jobs_per_request`: a client sends a "
+                                                  "large job set in as many requests as they need",
+                                   "responses": _answer("status", schema=_ref("Status"))}},
+            "/v1/jobs": {
+                "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "
+                                   "continues the page, null at the end",
+                        "parameters": [
+                            {"name": "state", "in": "query", "style": "form", "explode": True,
+                             "description": "only jobs in these states (repeat it: "
+                                            "state=queued&state=running)",
+                             "schema": {"type": "array", "items": {"enum": [
+                                 "queued", "running", "suspending", "suspended", "done",
+                                 "failed", "cancelled"]}}},
+                            {"name": "name", "in": "query",
+                             "description": "only jobs with this name (`marble show NAME` takes "
+                                            "the last)",
+                             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME}},
+                            {"name": "limit", "in": "query",
+                             "description": "at most this many jobs (all if absent)",
+                             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+                            {"name": "after", "in": "query",
+                             "description": "only jobs with a greater id (the cursor: the last "
+                                            "page's `next`)",
+                             "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}],
+                        "responses": _answer("jobs", schema=_ref("Jobs"))},
+                "post": {"summary": "submit one job, or {'jobs': [...]} all or none",
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": {"oneOf": [
+                                 {"$ref": "#/components/schemas/Job"},
+                                 {"type": "object", "additionalProperties": False,
+                                  "required": ["jobs"], "properties": {"jobs": {
+                                      "type": "array", "minItems": 1, "maxItems": 10000,
+                                      "items": {"$ref": "#/components/schemas/Job"}},
+                                      # the environment of every job that gives none
+                                      **ENVIRONMENT,
+                                      "client_token": {
+                                          **IDEMPOTENCY_KEY,
+                                          "description": f"as the {IDEMPOTENCY_HEADER} header "
+                                                         "(the same value if both are sent, else a "
+                                                         "409)"}}}]}}}},
+                         "parameters": [{
+                             "name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
+                             "schema": IDEMPOTENCY_KEY,
+                             "description": "a key new to each request (a UUID): a retry with the "
+                                            "same key and the same jobs is answered 200 with the "
+                                            "jobs the first request made (also while it is still "
+                                            "being stored, and after a restart of the broker), and "
+                                            "submits nothing; the same key with other jobs is a "
+                                            "409"}],
+                         "responses": {**_answer(
+                             f"a retry (the same {IDEMPOTENCY_HEADER} and jobs): the jobs the "
+                             "first request submitted, as they are now; header "
+                             "Idempotent-Replayed: true", schema=_ref("Submitted")), **_answer(
+                             "the accepted jobs, each with its `notes` (e.g. a model no profile "
+                             "knows, and the profile's models it is close to)", "201",
+                             ("404", "a job named in `after` does not exist"),
+                             ("413", "a body over `max_request_bytes` (GET /v1/status; 4 MiB "
+                                     "unless the broker's MARBLE_MAX_REQUEST_BYTES says "
+                                     "otherwise)"),
+                             ("415", "the body is not application/json"),
+                             ("503", "the broker drains, has no GPUs or cannot write its store "
+                                     "now (GET /v1/status: `storage`): submit to the next one, or "
+                                     "again later"), schema=_ref("Submitted"))}},
+            },
+            "/v1/jobs/{job_id}": {"get": {"summary": "one job with its runs and events",
+                                          "parameters": [JOB_ID],
+                                          "responses": _answer("job", schema=_ref("JobDetail"))}},
+            "/v1/jobs/{job_id}/log": {"get": {
+                "summary": "a page of a run's output: {job_id, state, runs, run, stream, offset, "
+                           "next_offset, size, text}; follow it by asking again from next_offset, "
+                           "and on with the next of `runs` once `run` has ended and next_offset "
+                           "is its size",
+                "parameters": [
+                    JOB_ID,
+                    {"name": "stream", "in": "query", "description": "stdout (default) or stderr",
+                     "schema": {"enum": list(LOG_STREAMS), "default": "stdout"}},
+                    {"name": "run", "in": "query",
+                     "description": "the run's id (as GET /v1/jobs/{id} lists its runs); by "
+                                    "default the job's latest run. 404 if it is not this job's",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_JOB_ID}},
+                    {"name": "offset", "in": "query",
+                     "description": "the byte to start at (a page's next_offset)",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET,
+                                "default": 0}},
+                    {"name": "limit", "in": "query",
+                     "description": f"at most this many bytes ({LOG_PAGE} by default, "
+                                    f"{MAX_LOG_BYTES} with `tail`); a page cut short ends at a "
+                                    "line's end",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_BYTES}},
+                    {"name": "tail", "in": "query",
+                     "description": "only the last N lines (within `limit` bytes, from `offset`)",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
+                    {"name": "rank", "in": "query",
+                     "description": "a per-GPU job's run: only this rank's lines, without their "
+                                    "`[rank N] ` prefix (under Slurm, srun's `N: ` label; "
+                                    "`offset`s stay the whole log's). 409 if "
+                                    "the job is not per-GPU or the run has no such rank",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RANK}}],
+                "responses": _answer("the page", schema=_ref("LogPage"))}},
+            "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
+                                                  "parameters": [JOB_ID],
+                                                  "responses": _answer("requested", "202",
+                                                                       schema=_requested("cancel"))}},
+            "/v1/jobs/{job_id}/suspend": {"post": {"summary": "checkpoint a running job now",
+                                                   "parameters": [JOB_ID],
+                                                   "responses": _answer("requested", "202",
+                                                                        schema=_requested("suspend"))}},
+            "/v1/runs": {"get": {"summary": "every launch segment",
+                                 "responses": _answer("runs", schema=_ref("Runs"))}},
+            "/v1/curves": {"get": {
+                "summary": "each model's curve: the profile's, measured by runs, believed",
+                "parameters": [{"name": "model", "in": "query", "schema": {
+                    "type": "string", "minLength": 1, "pattern": "\\S"}}],
+                "responses": _answer("curves", schema=_ref("Curves"))}},
+            "/v1/forecast": {"get": {
+                "summary": "when each unfinished job should start and end, and the queue with it "
+                           "(the simulator from now; `reason` says why not, when it cannot); "
+                           "`left_out`: [{id, why}] the jobs it cannot play (no curve, no step "
+                           "count) and those waiting for them; a running job "
+                           "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
+                           "of the job)",
+                "responses": _answer("forecast", schema=_ref("Forecast"))}},
+            "/v1/shutdown": {"post": {"summary": "suspend all running jobs and stop",
+                                      "responses": _answer("started", "202", schema=_object({
+                                          "shutdown": {"const": "started"}}))}},
+            "/v1/openapi.json": {"get": {"summary": "this description",
+                                         "responses": _answer("OpenAPI 3.1")}},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics: jobs by state, GPUs busy and idle per node, runs, "
+                           "suspensions, acknowledgement and decision latencies, API errors",
+                "responses": {
+                    "200": {"description": "the Prometheus text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    **{code: {"description": why,
+                              "content": {"application/json": {"schema": ERROR}}}
+                       for code, why in (("401", "TCP without the broker's token"),
+                                         ("403", "another user"),
+                                         ("404", "the broker keeps no metrics"))}}}},
+        },
+        "components": {"securitySchemes": {"token": {
+            "type": "http", "scheme": "bearer",
+            "description": "on the TCP listener: the token in STATE_DIR/token (new at every "
+                           "start); on the Unix socket, none"}}, "schemas": {
+            "Job": job,
+            # the answers (daemon/views.py): every field, as the contract test checks
+            "Status": STATUS, "JobView": JOB_VIEW, "Jobs": JOBS, "JobDetail": JOB_DETAIL,
+            "Submitted": SUBMITTED, "Run": RUN, "Runs": RUNS, "LogPage": LOG, "Forecast": FORECAST,
+            "Curves": CURVES,
+            "Error": {"type": "object", "required": ["error", "retry"], "properties": {
+                "error": {"type": "string", "description": "what to change"},
+                "field": {"type": "string", "description": "the field at fault"},
+                "retry": {"type": "boolean", "description": "true: not now (the same request "
+                                                            "may succeed later); false: never"}}},
+        }},
+    }
 
 
 def for_broker(node_gpus: int, nodes: int, models: list[str]) -> dict:
     """SPEC with one broker's limits, as it serves it: GPUs per node (its largest node), the
     nodes a job may span (1 under a single-node policy), and the models an emulated job may
     name (those with a curve; also matched by alias, ignoring case and punctuation)."""
-    spec = copy.deepcopy(SPEC)
+    spec = copy.deepcopy(_spec())
     job = spec["components"]["schemas"]["Job"]
     next(s for s in job["properties"]["gpus"]["anyOf"]
          if s.get("type") == "integer")["maximum"] = node_gpus
@@ -462,3 +468,9 @@ def for_broker(node_gpus: int, nodes: int, models: list[str]) -> dict:
                     if s["properties"]["emulate"] == {"const": True})
     emulated["properties"]["model"] = {"enum": sorted(models)} if models else False
     return spec
+
+
+def __getattr__(name: str):
+    if name == "SPEC":  # the description without one broker's limits (docs, tests)
+        return _spec()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

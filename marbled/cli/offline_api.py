@@ -30,7 +30,8 @@ from marbled.daemon.views import Views
 from marbled.daemon.workfiles import JobFiles
 from marbled.paths import DB_NAME
 from marbled.report.queries import StateFileError, open_state
-from marbled.store.db import Store, job_spec, placement_parts, recorded_job
+from marbled.store.db import Store, job_spec, recorded_job
+from marbled.store.schema import placement_parts
 
 LOCK_NAME = "marbled.lock"  # where a broker wrote its pid (daemon/main.py)
 FREE_NOW = "; the most free on a node is"  # how a policy's why_waiting ends with the free GPUs

@@ -32,7 +32,8 @@ from marbled.core.model import Job, JobState, Placement, Role
 from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.runs import LiveRun, Runs
-from marbled.store.db import Store, job_spec, placement_parts, recorded_job
+from marbled.store.db import Store, job_spec, recorded_job
+from marbled.store.schema import placement_parts
 
 # The broker's side, as callbacks: a job enters the state (with the steps it has done); an
 # adopted run's expected end, from (job, started at, start step, GPUs, share); a wake-up at.

@@ -18,7 +18,8 @@ from marbled.core.profiles import ProfileBook, model_key
 from marbled.core.progress import UNKNOWN, Progress, run_progress
 from marbled.core.target import Target, explicit, of_job
 from marbled.daemon.workfiles import NO_OUTPUT
-from marbled.store.db import job_spec, placement_parts, recorded_job
+from marbled.store.db import job_spec, recorded_job
+from marbled.store.schema import placement_parts
 
 if TYPE_CHECKING:
     from marbled.daemon.broker import Broker

@@ -61,7 +61,7 @@ class Bar:
 def timeline_bars(rows: list[dict]) -> list[Bar]:
     """The runs of the timeline report as bars, one per node of a run; an open run (a live
     broker) ends now."""
-    from marbled.store.db import placement_parts
+    from marbled.store.schema import placement_parts
 
     bars = []
     for r in rows:

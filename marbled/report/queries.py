@@ -47,7 +47,7 @@ def load_queries() -> dict[str, Query]:
 def open_state(path: Path) -> sqlite3.Connection:
     """A read-only connection to a broker's state file, after checking that it is one of
     the schema version this marbled reads."""
-    from marbled.store.db import SCHEMA_VERSION  # SQLAlchemy: only once a report is asked
+    from marbled.store.schema import SCHEMA_VERSION
 
     if path.is_dir():
         raise StateFileError(f"{path} is a directory: give a state directory with "

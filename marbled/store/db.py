@@ -36,10 +36,8 @@ from sqlalchemy.pool import StaticPool
 from marbled.core.environment import Environment
 from marbled.core.model import Job
 from marbled.core.spec import JobSpec
+from marbled.store.schema import SCHEMA_VERSION
 
-SCHEMA_VERSION = 9
-# (A new table needs no new version: create_all makes it at any start, and an older marbled
-# leaves it alone; the requests table came so.)
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -452,12 +450,6 @@ def placement_columns(parts) -> tuple[str, str]:
     """The runs.node and runs.gpu_ids values of a run on `parts`: (node, GPU slots) pairs."""
     return (",".join(node for node, _ in parts),
             ";".join(",".join(map(str, gpus)) for _, gpus in parts))
-
-
-def placement_parts(node: str, gpu_ids: str) -> list[tuple[str, tuple[int, ...]]]:
-    """Back from the runs.node and runs.gpu_ids values to (node, GPU slots) pairs."""
-    return [(n, tuple(int(g) for g in slots.split(",") if g))
-            for n, slots in zip(node.split(","), gpu_ids.split(";"), strict=True)]
 
 
 def migrate(path: Path) -> int | None:

@@ -22,7 +22,7 @@ from marbled.paths import DB_NAME
 from marbled.report.figures import between, gpu_seconds, in_use, timeline_bars
 from marbled.report.queries import load_queries
 from marbled.resources import load_profile
-from marbled.store.db import SCHEMA_VERSION
+from marbled.store.schema import SCHEMA_VERSION
 from tests.conftest import start_daemon
 from tests.scenarios import as_schema_version_1, jobset, training
 
