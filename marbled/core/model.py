@@ -10,9 +10,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from marbled.core.evolve import evolve
 
 if TYPE_CHECKING:
     from marbled.core.profiles import ThroughputCurve
@@ -366,7 +368,7 @@ class State:
                     raise TransitionError(f"cannot start job {job.id} in state {job.state}")
                 if share > 1 and (len(gpus) != 1 or others or share > job.max_share):
                     raise TransitionError(f"job {job.id} cannot run on 1/{share} of {gpus}")
-                new = replace(
+                new = evolve(
                     job,
                     state=JobState.RUNNING,
                     role=role,
@@ -380,7 +382,7 @@ class State:
             case Suspend(resume_on=resume_on):
                 if job.state is not JobState.RUNNING:
                     raise TransitionError(f"cannot suspend job {job.id} in state {job.state}")
-                new = replace(job, state=JobState.SUSPENDING, resume_on=resume_on)
+                new = evolve(job, state=JobState.SUSPENDING, resume_on=resume_on)
             case Cancel():
                 new = self._finish(job, JobState.CANCELLED)
         return self._put(new)
@@ -393,7 +395,7 @@ class State:
         job = self.jobs[job_id]
         if job.state not in (JobState.SUSPENDING, JobState.RUNNING):
             raise TransitionError(f"job {job_id} is {job.state}, not running")
-        return self._put(replace(
+        return self._put(evolve(
             job, state=JobState.SUSPENDED, placement=None, role=None,
             suspensions=job.suspensions + 1, not_before=not_before, expected_end=None,
             steps_left=job.steps_left if steps_left is None else steps_left,
@@ -448,7 +450,7 @@ class State:
     def expect(self, job_id: int, end: float | None) -> Job:
         """The driver's estimate of when the job's current run ends (policies that weigh the
         remaining time read it; the profile curve gives it)."""
-        return self._put(replace(self.jobs[job_id], expected_end=end))
+        return self._put(evolve(self.jobs[job_id], expected_end=end))
 
     def resize(self, job_id: int, demand: int | None, curve: ThroughputCurve | None,
                move: str | None = None) -> Job:
@@ -468,11 +470,11 @@ class State:
             role = Role.PRIMARY if on >= demand else Role.SECONDARY
             if on != demand:  # a secondary that stays below keeps its promotion's name
                 moving = move if job.role is Role.PRIMARY or on > demand else job.move
-        return self._put(replace(job, demand=demand, curve=curve, role=role, move=moving))
+        return self._put(evolve(job, demand=demand, curve=curve, role=role, move=moving))
 
     def drop_reservation(self, job_id: int) -> Job:
         """Forget the GPUs kept for a job's resume (it will wait in the FIFO instead)."""
-        return self._put(replace(self.jobs[job_id], resume_on=None))
+        return self._put(evolve(self.jobs[job_id], resume_on=None))
 
     @staticmethod
     def _finish(job: Job, state: JobState) -> Job:
@@ -480,7 +482,7 @@ class State:
             raise TransitionError(f"{state} is not a final state")
         if job.state.finished:
             raise TransitionError(f"job {job.id} already ended ({job.state})")
-        return replace(job, state=state, placement=None, resume_on=None, expected_end=None)
+        return evolve(job, state=state, placement=None, resume_on=None, expected_end=None)
 
     def _hold(self, job_id: int, p: Placement) -> None:
         if p.share > 1:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from marbled.core.admission import admit
 from marbled.core.errors import Never, NotFound, Unavailable
+from marbled.core.evolve import evolve
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
 from marbled.paths import workdir_problem
@@ -133,7 +134,7 @@ class Intake:
     def _accepted(self, admitted: list, rows: list) -> None:
         for a, row in zip(admitted, rows, strict=True):
             row.notes = list(a.notes)  # for the submit answer only: not stored
-            self.add(replace(a.job, submitted=row.submitted_at), a.spec)
+            self.add(evolve(a.job, submitted=row.submitted_at), a.spec)
             if a.spec.name:
                 self.broker.names[a.spec.name] = a.job.id
         self.next_id += len(admitted)
@@ -144,8 +145,8 @@ class Intake:
         steps checkpointed), with what the book knows of its model."""
         b = self.broker
         b.specs[job.id] = spec
-        b.state.submit(replace(job, curve=b.curve_of(job.id),
-                               steps_left=max(spec.steps - done, 0) if spec.steps else None))
+        b.state.submit(evolve(job, curve=b.curve_of(job.id),
+                              steps_left=max(spec.steps - done, 0) if spec.steps else None))
         if b.learner:
             b.learner.track(job.id)
 

@@ -50,6 +50,7 @@ from bisect import insort
 from dataclasses import dataclass
 from itertools import islice
 
+from marbled.core.evolve import evolve
 from marbled.core.model import Job, JobState, Placement, Start, State, Suspend
 from marbled.core.policy.base import (
     Option,
@@ -91,13 +92,6 @@ class Item:
     cost: float = 0.0  # seconds a reshape costs it (suspend + start-up)
     launch: float = 0.0  # seconds its first start costs it (start-up), while it waits
     nodes_min: int | None = None  # a node range: `low` x `nodes` GPUs on fewer nodes
-
-    def but(self, **changes) -> Item:
-        """dataclasses.replace, without its checks: the fluid model makes millions of these
-        (replace took a third of adaptive's time). Item has no __post_init__ to skip."""
-        new = object.__new__(Item)
-        new.__dict__.update(self.__dict__, **changes)
-        return new
 
     def speed(self, g: int) -> float:
         return self.speeds[min(g, len(self.speeds)) - 1] if self.speeds else 1.0
@@ -324,7 +318,8 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
             item = live[i]
             if item.count != g:  # a reshape, or a waiting job's first start
                 delay[i] = delay.get(i, 0.0) + (item.cost if item.count else item.launch)
-            live[i] = item.but(count=g, home=plan[i][0][0] if len(plan[i][0]) == 1 else item.home)
+            live[i] = evolve(item, count=g,
+                             home=plan[i][0][0] if len(plan[i][0]) == 1 else item.home)
         ends = {i: delay.get(i, 0.0) + live[i].work / live[i].speed(g)
                 for i, g in running.items()}
         if not ends:
@@ -340,7 +335,7 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
                 continue
             used = min(step, delay.get(i, 0.0))
             delay[i] = delay.get(i, 0.0) - used
-            live[i] = live[i].but(work=live[i].work - (step - used) * live[i].speed(g))
+            live[i] = evolve(live[i], work=live[i].work - (step - used) * live[i].speed(g))
     return total, last
 
 
@@ -365,7 +360,7 @@ def static_plan(running: list[Item], waiting: list[Item], room: dict[str, int],
 
 def _bounded(items: list[Item], bounds: dict[int, tuple[int, int]]) -> list[Item]:
     """The items, each planned on `bounds`' (fewest, most) GPUs (a fixed one as it is)."""
-    return [i.but(low=bounds[i.id][0], high=bounds[i.id][1])
+    return [evolve(i, low=bounds[i.id][0], high=bounds[i.id][1])
             if i.id in bounds and not i.fixed else i for i in items]
 
 
@@ -467,13 +462,13 @@ class AdaptivePolicy(Policy):
             # back is left running instead.
             gone = {i.id for i in moved}
             after = self._settle([i for i in as_now if i.id not in gone],
-                                 sorted([*waiting, *(i.but(count=0, home=None)
+                                 sorted([*waiting, *(evolve(i, count=0, home=None)
                                                      for i in moved)], key=lambda i: i.id),
                                  room, candidate, wait)
             back = {i.id for i in moved if after.get(i.id, ((), 0))[1] == i.count}
             if not back:
                 return self._reshape(state, moved, plan)
-            running = [i.but(fixed=True) if i.id in back else i for i in running]
+            running = [evolve(i, fixed=True) if i.id in back else i for i in running]
         free = {n: state.free(n) for n in room}
         actions: list = []
         for item in waiting:
@@ -623,7 +618,7 @@ class AdaptivePolicy(Policy):
             if not keep:
                 return plan
             kept = set(keep.values())
-            items = [i.but(fixed=True) if i.id in kept else i for i in items]
+            items = [evolve(i, fixed=True) if i.id in kept else i for i in items]
         return plan
 
     @staticmethod
