@@ -63,3 +63,12 @@ def test_monitoring_smoke(tmp_path):
                for c in figures["cycle"])
     assert figures["queued"]["rss_queued_mb"] > 0 and figures["queued"]["page_jobs"] == 100
     assert figures["history"]["events"] == 2000 and figures["history"]["db_bytes"] > 0
+
+
+def test_process_cost_smoke(tmp_path):
+    printed, figures = _smoke("process_cost.py", tmp_path)
+    kinds = ("python", "broker", "submit", "status", "report", "offline")
+    assert list(figures) == list(kinds), figures
+    for kind in kinds:
+        assert kind in printed and figures[kind]["wall_ms"] > 0, (kind, printed)
+        assert figures[kind]["cpu_ms"] >= 0

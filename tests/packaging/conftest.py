@@ -4,6 +4,8 @@ every packaging test (building and installing them is most of the tier's time)."
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,11 +15,27 @@ from tests import REPO
 from tests.packaging import clean_env, run, venv
 
 
+def source_copy(dest: Path) -> Path:
+    """The checkout's files (tracked, and untracked ones git does not ignore) copied to
+    `dest`. The wheel is built there: setuptools builds in the source tree (build/, an
+    egg-info), and the checkout is where every other worker's processes run meanwhile (a
+    build in it once failed in CI on a file gone from build/lib)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():  # (a tracked file deleted in the working tree is not)
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    source = source_copy(tmp_path_factory.mktemp("source"))
     built = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                 "--no-build-isolation", REPO, "-w", out], out, dict(os.environ))
+                 "--no-build-isolation", source, "-w", out], out, dict(os.environ))
     assert built.returncode == 0, built.stderr
     (whl,) = out.glob("marbled-*.whl")
     return whl
