@@ -71,4 +71,4 @@ def test_process_cost_smoke(tmp_path):
     assert list(figures) == list(kinds), figures
     for kind in kinds:
         assert kind in printed and figures[kind]["wall_ms"] > 0, (kind, printed)
-        assert figures[kind]["cpu_ms"] >= 0
+    assert figures["broker"]["cpu_ms"] > 0  # the children's CPU is read (a start costs ~1 s)
