@@ -26,11 +26,12 @@ demo: venv
 	$(BIN)/marble demo
 
 ## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier.
-## WORKERS pytest-xdist workers run the tests side by side (most of a test's time is spent
-## waiting on processes it started); the Slurm tier (one cluster) and the packaging tier
-## (one wheel and venv) each run in order on one worker (tests/conftest.py). The Slurm
-## tier's pyslurm is built meanwhile; its first test waits for it.
-WORKERS ?= 3
+## WORKERS pytest-xdist workers run the tests side by side (half of a test's time is spent
+## waiting on processes it started: 4 on 2 cores keeps both busy); the packaging tier (one
+## wheel and venv), each half of the Slurm tier (commands, pyslurm) and each module with a
+## module-scoped fixture run in order on one worker (tests/conftest.py). The Slurm tier's
+## pyslurm is built meanwhile; its first test waits for it.
+WORKERS ?= 4
 test: venv lint
 	-bash tests/debian-packages.sh libslurm-dev
 	PYTHON=$(BIN)/python bash tests/slurm/pyslurm.sh $(VENV)/pyslurm-22.5 >$(VENV)/pyslurm-build.log 2>&1 &

@@ -21,25 +21,52 @@ DEBIAN_PACKAGES = Path(__file__).with_name("debian-packages.sh")
 TIERS = ("core", "broker", "integration", "frameworks", "slurm", "lsf", "packaging")
 
 
-# Tiers whose tests share one thing and run one after another on one pytest-xdist worker
-# (`make test` runs the tiers side by side, --dist loadgroup): the Slurm tier's one
-# cluster, the packaging tier's one wheel and venv (session fixtures, built once a worker).
-SERIAL_TIERS = ("slurm", "packaging")
+# Tests that share one thing run one after another on one pytest-xdist worker (`make test`
+# runs the tiers side by side, --dist loadgroup): the packaging tier's one wheel and venv
+# (session fixtures), each half of the Slurm tier (commands, pyslurm: at most two
+# allocations ask the lab cluster's two nodes at once), and the tests of a module that
+# share a module-scoped fixture (a broker's state file, a DDP run), else made once a worker.
+def _group(item, tier: str | None) -> str | None:
+    if tier == "slurm":
+        return "slurm-pyslurm" if "[pyslurm" in item.nodeid else "slurm"
+    if tier == "packaging":
+        return tier
+    defs = getattr(item, "_fixtureinfo", None)
+    if defs and any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds):
+        return item.path.name
+    return None
 
 
+# tryfirst: xdist's own hook reads the groups into the test ids, so it must run after this
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items) -> None:
     """Each test carries its tier's marker (its directory): `pytest -m core`, `-m "not slurm"`."""
     for item in items:
         tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        if tier in SERIAL_TIERS:
-            item.add_marker(pytest.mark.xdist_group(tier))
-    # the Slurm tier's pyslurm half last: its first test waits for pyslurm's build, which
-    # `make test` starts beside the run; the command half runs meanwhile (a stable sort:
-    # every other test keeps its place)
+        group = _group(item, tier)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # without xdist (one process), the Slurm tier's pyslurm half last: its first test waits
+    # for pyslurm's build, which `make test` starts beside the run (a stable sort: every
+    # other test keeps its place); with it, the largest groups start first
     items.sort(key=lambda item: "/tests/slurm/" in str(item.path)
                and "[pyslurm" in item.nodeid)
+
+
+def pytest_collection_finish(session) -> None:
+    """On an xdist worker with --dist loadgroup, the groups must be in the test ids (which is
+    how xdist schedules them): pytest 9.2 with xdist 3.8 dropped them without a word."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [item.nodeid for item in session.items
+                if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if lost:  # (xdist shows a worker's exit as an internal error: the reason first)
+            why = (f"pytest-xdist did not group {len(lost)} tests (such as {lost[0]}): the "
+                   "shared cluster, wheel and module fixtures would be used from several "
+                   "workers at once; use the pytest that setup.cfg's test extra names")
+            print(why, file=sys.__stderr__, flush=True)
+            raise pytest.UsageError(why)
 
 
 def require_debian(*packages: str) -> None:

@@ -125,8 +125,10 @@ def allocate(slurm_cluster):
     held: list[str] = []
 
     def make(*options: str) -> str:
+        # the other half of the tier may hold a node for a minute or two (make test runs
+        # the halves side by side): salloc waits in Slurm's queue meanwhile
         done = subprocess.run(["salloc", "--no-shell", "--job-name=marble-test", *options],
-                              capture_output=True, text=True, timeout=60, check=False)
+                              capture_output=True, text=True, timeout=300, check=False)
         found = re.search(r"Granted job allocation (\d+)", done.stderr)
         assert found, f"salloc {' '.join(options)} failed: {done.stderr}"
         held.append(found.group(1))
