@@ -4,8 +4,8 @@ its transitions, a planner's items in adaptive's fluid model).
 replace() rebuilds the record through its __init__ (12 us for a Job); a copy of its
 __dict__ does the same for a record whose __init__ only stores its fields (2 us). Only for
 dataclasses without __post_init__, InitVar, init=False fields or cached properties (a
-cached value would be copied with the rest): a JobSpec, which checks itself, goes through
-replace()."""
+cached value would be copied with the rest): Job, JobSpec (its checks are in
+from_mapping, not in __init__) and adaptive's items."""
 
 from __future__ import annotations
 

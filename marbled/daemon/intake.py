@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from marbled.core.admission import admit
@@ -127,7 +126,7 @@ class Intake:
             raise Unavailable(f"the broker cannot write its store now: {b.ledger.fault}; "
                               "running jobs go on: submit again once it is freed")
         # a job that names no directory runs in the broker's (an API client's own is unknown)
-        specs = [s if s.chdir else replace(s, chdir=str(b.config.workdir)) for s in specs]
+        specs = [s if s.chdir else evolve(s, chdir=str(b.config.workdir)) for s in specs]
         return admit(specs, first_id=self.next_id, state=b.state, book=b.book,
                      policy=b.policy, names=b.names, workdir_problem=workdir_refusal)
 

@@ -54,7 +54,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +140,20 @@ def _diagnose(kind: str | None, db: Path) -> tuple[str | None, Path]:
 def _json(value) -> str:
     """As the store's JSON columns hold values (SQLAlchemy's JSON type: None is 'null')."""
     return json.dumps(value)
+
+
+def _json_once() -> Callable[[Hashable, object], str]:
+    """_json(value), encoded once for each `key` (a request's jobs share their command, their
+    dependencies and their submission event's data: one encoding, not one a job)."""
+    done: dict[Hashable, str] = {}
+
+    def encode(key: Hashable, value: object) -> str:
+        text = done.get(key)
+        if text is None:
+            text = done[key] = json.dumps(value)
+        return text
+
+    return encode
 
 
 class StoreRefused(Unavailable):
@@ -618,9 +632,11 @@ class Ledger:
 
     def _insert_jobs(self, rows: list[SimpleNamespace],
                      also: Callable[[sqlite3.Connection], None] | None = None) -> _Write:
+        encode = _json_once()
         jobs = [(
             r.id, r.name, r.model, r.steps, r.gpus_request, r.demand, r.nodes, r.retries,
-            0, None, r.malleable, r.max_share, _json(r.command), r.emulate, _json(r.after),
+            0, None, r.malleable, r.max_share, encode(("command", *r.command), r.command),
+            r.emulate, encode(("after", *r.after), r.after),
             r.state, 0, 0, r.submitted_at, None, None, None, None, r.chdir, r.per_gpu,
             r.nodes_min, None if r.environment.is_default else r.environment.digest)
             for r in rows]
@@ -629,7 +645,8 @@ class Ledger:
                   if not r.environment.is_default}
         environments = [(digest, e.whole, _json(e.as_dict())) for digest, e in shared.items()]
         events = [(r.submitted_at, "submitted", r.id, None,
-                   _json({"demand": r.demand, "malleable": r.malleable})) for r in rows]
+                   encode(("event", r.demand, r.malleable),
+                          {"demand": r.demand, "malleable": r.malleable})) for r in rows]
 
         def apply(con: sqlite3.Connection) -> None:
             if environments:
