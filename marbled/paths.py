@@ -4,6 +4,7 @@ it reads the allocation's id through): every `marble` command reads it."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from marbled.batch import ALLOCATION_VARS
@@ -43,4 +44,24 @@ def workdir_problem(path: str) -> str | None:
         return f"'{path}' {what}; give an existing directory to run the job in"
     if not os.access(path, os.X_OK):
         return f"'{path}' cannot be entered (no search permission)"
+    return None
+
+
+def state_dir_problem(state_dir: Path) -> str | None:
+    """Why the existing directory `state_dir` may not hold this user's broker, as ssh refuses
+    a key with loose modes: another user owns it, or others may write in it (and so read
+    the database and logs, or move the socket away). None if it is fit."""
+    info = os.stat(state_dir)
+    if info.st_uid != os.geteuid():
+        return (f"the state directory {state_dir} belongs to uid {info.st_uid}, not to you "
+                f"(uid {os.geteuid()}): its owner could read the jobs and replace the "
+                "socket; choose another (MARBLE_STATE_DIR or --state-dir) or remove it")
+    loose = stat.S_IMODE(info.st_mode) & 0o022
+    if loose:
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "every user"))
+                           if loose & bit)
+        return (f"the state directory {state_dir} is writable by {who} (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): they could read the jobs and replace the "
+                f"socket; run 'chmod 700 {state_dir}' if you trust what is in it, or choose "
+                "another (MARBLE_STATE_DIR or --state-dir)")
     return None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from marbled.cli.entry import without_collections
 from marbled.paths import default_state_dir
 
 # Each command's module, imported only when the command runs (or help lists them all): a
@@ -42,7 +43,8 @@ class LazyGroup(click.Group):
 
     def _load(self, name: str) -> click.Command | None:
         if name not in self._commands and name in MODULES:
-            module = importlib.import_module(f"marbled.cli.{MODULES[name]}")
+            with without_collections():
+                module = importlib.import_module(f"marbled.cli.{MODULES[name]}")
             self._commands[name] = next(c for c in module.COMMANDS if c.name == name)
         return self._commands.get(name)
 

@@ -14,14 +14,13 @@ import click
 from marbled.batch import LAUNCHERS, choose
 from marbled.batch.base import AllocationError
 from marbled.batch.slurm_api import SLURM_APIS
+from marbled.cli.entry import without_collections
 from marbled.cli.policy_options import make_policy, policy_settings, policy_summaries
 from marbled.core.learning import Learning
 from marbled.core.policy import POLICIES
 from marbled.core.profiles import ProfileError
 from marbled.daemon.config import BrokerConfig
-from marbled.daemon.ledger import StorageLost
-from marbled.daemon.main import StartupError, serve, state_dir_problem
-from marbled.paths import default_state_dir, socket_path
+from marbled.paths import default_state_dir, socket_path, state_dir_problem
 from marbled.resources import DEFAULT_PROFILE, find_profile, load_profile
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later -- here, in the next allocation
@@ -181,6 +180,11 @@ def main(state_dir, emulated_gpus, emulated_nodes, policy, profile, learn, start
         learn_interval=learn_interval,
     )
     runner = system.launcher(allocation, tuple(step_args))
+    # the broker's own imports (aiohttp, SQLAlchemy) here, not for `marbled --help` or the
+    # parent of --detach
+    with without_collections():
+        from marbled.daemon.ledger import StorageLost
+        from marbled.daemon.main import StartupError, serve
     try:
         chosen = make_policy(policy, settings)
         left = asyncio.run(serve(config, chosen, system.gpu_source(allocation), runner,

@@ -4,15 +4,33 @@ standard library only) gets one line that says so, not a traceback."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 BROKER_NEEDS = ("aiohttp", "sqlalchemy", "click", "yaml")
 
 
+@contextmanager
+def without_collections() -> Iterator[None]:
+    """No cyclic garbage collection meanwhile: for imports, which make next to no garbage but
+    enough objects to start the collector many times over (the broker's imports: 350 -> 307
+    ms; a `marble submit`'s: 3 ms of its 50)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _run(module: str) -> None:
     try:
-        main = importlib.import_module(module).main
+        with without_collections():
+            main = importlib.import_module(module).main
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in BROKER_NEEDS:
             raise

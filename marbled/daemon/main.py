@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import socket
-import stat
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
 from marbled.daemon.views import Views
-from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path
+from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path, state_dir_problem
 from marbled.store.db import SchemaError, Store
 
 log = logging.getLogger("marbled")
@@ -65,26 +64,6 @@ def prepare_state_dir(state_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
-
-
-def state_dir_problem(state_dir: Path) -> str | None:
-    """Why the existing directory `state_dir` may not hold this user's broker, as ssh refuses
-    a key with loose modes: another user owns it, or others may write in it (and so read
-    the database and logs, or move the socket away). None if it is fit."""
-    info = os.stat(state_dir)
-    if info.st_uid != os.geteuid():
-        return (f"the state directory {state_dir} belongs to uid {info.st_uid}, not to you "
-                f"(uid {os.geteuid()}): its owner could read the jobs and replace the "
-                "socket; choose another (MARBLE_STATE_DIR or --state-dir) or remove it")
-    loose = stat.S_IMODE(info.st_mode) & 0o022
-    if loose:
-        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "every user"))
-                           if loose & bit)
-        return (f"the state directory {state_dir} is writable by {who} (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}): they could read the jobs and replace the "
-                f"socket; run 'chmod 700 {state_dir}' if you trust what is in it, or choose "
-                "another (MARBLE_STATE_DIR or --state-dir)")
-    return None
 
 
 def private_files(state_dir: Path) -> None:
