@@ -52,8 +52,8 @@ install_packages() {
 render_configs() {  # into $1
   local out=$1 proctrack=linuxproc task=task/none n port
   # cgroup tracking kills a step's orphans and signals only the step's top process
-  if [ -d /sys/fs/cgroup/freezer ] && mkdir /sys/fs/cgroup/freezer/marble_probe 2>/dev/null; then
-    rmdir /sys/fs/cgroup/freezer/marble_probe; proctrack=cgroup; task=task/cgroup
+  if [ -d /sys/fs/cgroup/freezer ] && mkdir /sys/fs/cgroup/freezer/marble_probe_$$ 2>/dev/null; then
+    rmdir /sys/fs/cgroup/freezer/marble_probe_$$; proctrack=cgroup; task=task/cgroup
   fi
   cat > "$out/slurm.conf" <<EOF
 $MARK
@@ -144,6 +144,11 @@ down() {
 
 up() {
   [ "$(id -u)" = 0 ] || die "needs root (it installs packages and starts the Slurm daemons)"
+  # one `up` at a time: the test workers each call it at once, and an `up` that saw the
+  # cluster half-started (or lost the cgroup probe's race) restarted it under the other's
+  # first test, whose allocation then vanished (a fresh controller starts job ids at 1)
+  exec 7>/var/lock/marbled-slurm-up.lock
+  flock 7
   install_packages
   mkdir -p "$D"/{state,spool,log,run,fakegpu} /etc/slurm
   chmod 0755 "$D" "$D"/{spool,log,run,fakegpu}
