@@ -15,6 +15,7 @@ from marbled.core.errors import Never, NotFound, Unavailable
 from marbled.core.evolve import evolve
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
+from marbled.daemon.memory import TRIM_EVERY, give_back_freed
 from marbled.paths import workdir_problem
 from marbled.store.db import Store, request_digest
 
@@ -70,6 +71,7 @@ class Intake:
         self.broker = broker
         self.next_id = broker.store.next_job_id()  # only this broker writes the store
         self.leaving: list[int] = []  # ended for good, to leave the state (forget_ended)
+        self.left_since_trim = 0  # jobs that left since the memory was last given back
 
     def submit(self, specs: list[JobSpec]) -> list:
         """Accept all of `specs` or none; the stored rows, in order (committed on return)."""
@@ -188,3 +190,8 @@ class Intake:
             spec = b.specs.pop(job_id, None)
             if spec is not None and spec.name:
                 b.names.forget(spec.name, job_id)
+            self.left_since_trim += 1
+        # what they held, back to the system once the state is empty or many have left
+        if self.left_since_trim and (not b.state.jobs or self.left_since_trim >= TRIM_EVERY):
+            self.left_since_trim = 0
+            give_back_freed()
