@@ -26,9 +26,13 @@ TIERS = ("core", "broker", "integration", "frameworks", "slurm", "lsf", "packagi
 # (session fixtures), each half of the Slurm tier (commands, pyslurm: at most two
 # allocations ask the lab cluster's two nodes at once), and the tests of a module that
 # share a module-scoped fixture (a broker's state file, a DDP run), else made once a worker.
+def _pyslurm_half(item) -> bool:
+    return "/tests/slurm/" in str(item.path) and "[pyslurm" in item.nodeid
+
+
 def _group(item, tier: str | None) -> str | None:
     if tier == "slurm":
-        return "slurm-pyslurm" if "[pyslurm" in item.nodeid else "slurm"
+        return "slurm-pyslurm" if _pyslurm_half(item) else "slurm"
     if tier == "packaging":
         return tier
     defs = getattr(item, "_fixtureinfo", None)
@@ -51,8 +55,7 @@ def pytest_collection_modifyitems(items) -> None:
     # without xdist (one process), the Slurm tier's pyslurm half last: its first test waits
     # for pyslurm's build, which `make test` starts beside the run (a stable sort: every
     # other test keeps its place); with it, the largest groups start first
-    items.sort(key=lambda item: "/tests/slurm/" in str(item.path)
-               and "[pyslurm" in item.nodeid)
+    items.sort(key=_pyslurm_half)
 
 
 def pytest_collection_finish(session) -> None:

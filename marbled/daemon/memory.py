@@ -9,7 +9,7 @@ nothing to call and nothing is done."""
 
 from __future__ import annotations
 
-TRIM_EVERY = 1000  # jobs that left the broker between two trims, at most (a trim: ms)
+TRIM_EVERY = 1000  # jobs that left the broker between two trims, at most (a trim: ~3 ms)
 
 _malloc_trim = None
 

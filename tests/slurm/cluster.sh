@@ -170,7 +170,7 @@ up() {
   chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge
   if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged --force
+    runuser -u munge -- /usr/sbin/munged --force 7>&-  # (the daemons do not hold the lock)
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
   fi
   alive "$(pid_of "$D/run/slurmctld.pid")" || all_up=0
@@ -179,10 +179,10 @@ up() {
     down 2>/dev/null
     # a fresh controller restarts job ids at 1: old slurmd credentials would be "revoked"
     rm -rf "${D:?}/state"/* "${D:?}/spool"/*
-    slurmctld || die "slurmctld failed: $(tail -3 "$D/log/slurmctld.log")"
+    slurmctld 7>&- || die "slurmctld failed: $(tail -3 "$D/log/slurmctld.log")"
     while read -r n port; do
       mkdir -p "$D/spool/$n"
-      slurmd -N "$n" || die "slurmd $n failed: $(tail -3 "$D/log/slurmd.$n.log")"
+      slurmd -N "$n" 7>&- || die "slurmd $n failed: $(tail -3 "$D/log/slurmd.$n.log")"
     done < <(nodes)
   fi
   local end=$((SECONDS + 60)) st
