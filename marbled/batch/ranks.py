@@ -66,15 +66,45 @@ def rank_prefix(rank: int) -> bytes:
     return f"[rank {rank}] ".encode()
 
 
-def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
-    """`count` distinct TCP ports free on `host` now (the kernel's picks, all held until
-    every one is known so that none repeats)."""
-    socks = []
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LISTEN_PORTS = (20000, 32767)  # where listening ports are drawn when no range can be read
+
+
+def listen_port_range(path: str = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """Where a run's listening ports are drawn: the widest stretch above 10000 outside the
+    kernel's ephemeral range. A port of that range, free now, can be given to any outgoing
+    connection on the host before the rank that should listen binds it (EADDRINUSE at
+    rank 0's rendezvous, with the other ranks left waiting); a port outside it cannot."""
     try:
-        for _ in range(count):
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return LISTEN_PORTS
+    below, above = (10000, low - 1), (high + 1, 65535)
+    best = max(below, above, key=lambda r: r[1] - r[0])
+    return best if best[1] - best[0] >= 1000 else LISTEN_PORTS
+
+
+def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
+    """`count` distinct TCP ports free on `host` now, drawn at random from
+    listen_port_range() (so that two runs started at once do not draw the same), each
+    bound to be sure and all held until every one is known."""
+    low, high = listen_port_range()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(100 * count):
+            if len(socks) == count:
+                break
+            port = low + int.from_bytes(os.urandom(4), "big") % (high - low + 1)
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))
+            except OSError:  # taken, or the host cannot bind there: draw again
+                s.close()
+                continue
             socks.append(s)
+        else:
+            raise OSError(f"no {count} free TCP ports in {low}-{high} on {host}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -83,8 +113,8 @@ def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
 
 def rendezvous_env(master_addr: str) -> dict[str, str]:
     """MASTER_ADDR and MASTER_PORT of a run whose ranks a batch system starts: the port is
-    free on this host now, which is the first node's when the broker runs there (elsewhere,
-    a port the kernel would give out: likely free there too)."""
+    free on this host now, which is the first node's when the broker runs there, and outside
+    the ephemeral range, where no outgoing connection of that node takes it meanwhile."""
     return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_ports(1)[0])}
 
 

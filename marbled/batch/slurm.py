@@ -12,7 +12,8 @@ Every run is a job step on the node and GPU count the policy chose:
 (a job on K nodes: -N K -n K --ntasks-per-node=1 -w N1,...,NK --gpus-per-node=G,
 one task per node, as one step; a per-GPU job: -n K*G --ntasks-per-node=G
 --gpus-per-node=G, one task per GPU, with MASTER_ADDR the first node's NodeAddr and
-MASTER_PORT free on the broker's host, docs/distributed.md.)
+MASTER_PORT free on the broker's host, docs/distributed.md; with more than one task,
+--kill-on-bad-exit=1: a failed task ends the step.)
 
 - `--exact` and `-c C` keep a step to its own CPUs (without them one step takes
   every CPU of the allocation and steps run one after another); `--gpus K` is
@@ -179,9 +180,14 @@ def srun_argv(job_id: str, nodes: tuple[str, ...], gpus: int, cpus: int, name: s
     where = [f"--chdir={chdir}"] if chdir else []
     # srun's --label puts `N: ` before each line task N prints: `marble logs --rank` reads it
     label = ["--label"] if per_gpu else []
+    # A task that fails ends the step, as a failed rank ends a local per-GPU run
+    # (marbled.batch.ranks) and torchrun's agent ends its workers: the other tasks would
+    # wait for it at the rendezvous or in a collective, holding their GPUs, until a timeout
+    tasks = len(nodes) * gpus if per_gpu else len(nodes)
+    together = ["--kill-on-bad-exit=1"] if tasks > 1 else []
     return ["srun", f"--jobid={job_id}", "--exact", f"--nodes={len(nodes)}", *shape,
             f"--nodelist={','.join(nodes)}", gpu_option, f"--job-name={name}", *where, *label,
-            *extra,
+            *together, *extra,
             sys.executable, "-m", "marbled.batch.step", str(info_file), *command]
 
 

@@ -4,12 +4,20 @@ mapping of Slurm's and JSM's task numbers, and the srun line of one task per GPU
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from marbled.batch.ranks import rank_envs
+from marbled.batch import ranks
+from marbled.batch.ranks import (
+    LISTEN_PORTS,
+    LOCAL_ADDR,
+    free_ports,
+    listen_port_range,
+    rank_envs,
+)
 from marbled.batch.slurm import srun_argv
 from marbled.batch.step import task_rank_env
 
@@ -62,4 +70,57 @@ def test_srun_line_of_a_per_gpu_run_has_a_task_per_gpu():
                         "--ntasks-per-node=3", "--cpus-per-task=4", "--nodelist=n1,n2",
                         "--gpus-per-node=3"]
     assert "--label" in argv  # a task's lines carry its rank (marble logs --rank)
+    # a failed rank ends the step: the others would wait for it at the rendezvous
+    assert "--kill-on-bad-exit=1" in argv
+    assert "--kill-on-bad-exit=1" in srun_argv("7", ("n1", "n2"), 1, 4, "m", Path("/i"), ("a",))
+    assert not any(a.startswith("--kill-on-bad-exit")  # one task: nothing to end with it
+                   for a in srun_argv("7", ("n1",), 2, 4, "m", Path("/i"), ("a",)))
     assert argv[-5:] == [sys.executable, "-m", "marbled.batch.step", "/r/s.json", "a.out"]
+
+
+@pytest.mark.parametrize(("kernel", "expected"), [
+    ("32768\t60999\n", (10000, 32767)),  # Linux's default: the stretch below is wider
+    ("1024 40000", (40001, 65535)),  # only above is left
+    ("10500 65000", LISTEN_PORTS),  # no stretch of 1,000 ports outside it
+    ("garbage", LISTEN_PORTS),
+])
+def test_listening_ports_are_drawn_outside_the_kernels_ephemeral_range(tmp_path, kernel,
+                                                                       expected):
+    """A free ephemeral port may be handed to any outgoing connection before rank 0 binds it
+    (seen: EADDRINUSE at the rendezvous, and the other ranks left waiting)."""
+    path = tmp_path / "ip_local_port_range"
+    path.write_text(kernel)
+    assert listen_port_range(str(path)) == expected
+    assert listen_port_range(str(tmp_path / "missing")) == LISTEN_PORTS
+
+
+def test_free_ports_are_distinct_bindable_and_outside_this_hosts_ephemeral_range():
+    low, high = listen_port_range()
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(low <= p <= high for p in ports)
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            eph_low, eph_high = (int(v) for v in f.read().split())
+    except OSError:
+        pytest.skip("no ephemeral range to read on this host")
+    assert not any(eph_low <= p <= eph_high for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind((LOCAL_ADDR, port))
+
+
+def test_a_taken_port_is_drawn_again_and_a_full_range_says_so(monkeypatch):
+    with socket.socket() as held:
+        held.bind((LOCAL_ADDR, 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        monkeypatch.setattr(ranks, "listen_port_range", lambda: (taken, taken + 1))
+        with socket.socket() as probe:  # taken + 1 must be free for the draw to find it
+            try:
+                probe.bind((LOCAL_ADDR, taken + 1))
+            except OSError:
+                pytest.skip(f"port {taken + 1} is in use on this host")
+        assert free_ports(1) == [taken + 1]
+        monkeypatch.setattr(ranks, "listen_port_range", lambda: (taken, taken))
+        with pytest.raises(OSError, match=f"no 1 free TCP ports in {taken}-{taken}"):
+            free_ports(1)

@@ -375,3 +375,23 @@ def test_a_per_gpu_job_is_a_step_with_a_task_per_gpu_that_meet(daemon_factory, a
     log = f"/v1/jobs/{gang['id']}/log?rank=1"
     assert d.client.get(log)["text"] == "out of rank 1\n"
     assert d.client.get(log + "&stream=stderr")["text"] == "err of rank 1\n"
+
+
+def test_a_rank_that_fails_ends_its_step_and_the_job_names_it(daemon_factory, allocate,
+                                                                 tmp_path):
+    """Rank 1 of a per-GPU step exits 3 while rank 0 sleeps 60 s, as a rank blocked at the
+    rendezvous or in a collective whose peer died: the step ends at once
+    (--kill-on-bad-exit), as a local per-GPU run does, and the failure names rank 1."""
+    from tests.integration.test_ranks import RANK
+
+    d = _broker(daemon_factory, allocate(*ONE_NODE))
+    (tmp_path / "rank.py").write_text(RANK)
+    d.submit({"command": [sys.executable, "rank.py", "fail"], "gpus": 2, "per_gpu": True,
+              "chdir": str(tmp_path)})
+    started = time.monotonic()
+    (failed,) = d.wait_all(timeout=90)
+    assert time.monotonic() - started < 40, "rank 0 was left to sleep its 60 s"
+    assert failed["state"] == "failed", failed
+    assert "rank 1" in failed["reason"], failed["reason"]
+    (run,) = d.query("SELECT * FROM runs")
+    assert run["exit_code"] != 0
