@@ -13,66 +13,31 @@ the ids it gives (a run's id) and what it needs to know of a job (its step, its
 first start, its failures) are kept here, as written. So a write can wait, and
 be run again.
 
-Writes are grouped, never reordered:
-
-- **Submissions that arrive together share one transaction** (`submit_grouped`):
-  the rows wait for the end of the loop's current round (or for the next write
-  of any kind, which commits them first, in a transaction of their own), and each
-  submitter hears that its jobs are durable only once that transaction has
-  committed -- the API sends its 201 then.
-- **Writes no one waits for** (`run_process`: a run's pid, which a restarted broker
-  could also find by the process's environment) join the next transaction, or are
-  committed on their own within `DEFER` seconds.
-- **Changes made in one decision** (`batch()`) commit together.
-
-**Faults of storage are survived.** A transaction the store refuses for a reason
-of storage (a full disk or quota, a read-only database or filesystem, an I/O
-error, a lock held too long: `storage_fault`) is rolled back and its writes are
-*held* in memory, in order; the ledger is `fault` (the reason, with what to
-free) and retries them every RETRY_FIRST s, doubling to RETRY_MAX s; the retry
-that commits clears the fault, logs how many writes were held, and calls
-`on_recovered`. The submissions in a refused transaction are refused (their
-submitters hear `StoreRefused`: 503, and the broker drops their jobs from its
-state), and while the fault lasts new ones are refused at once. Reads go on from
-what was committed. A broker that must stop with writes held saves them beside
-the database (`spill`) when it can; the next ledger on that store applies them
-before anything reads it.
-
-A commit that fails for another reason (a constraint, a bug) fails every
-submission of its group (no 201 is sent) and calls `on_failure`: the broker
-stops, since its state holds jobs its store does not; a new broker rebuilds from
-what was committed.
+How the writes are grouped into transactions is the `Journal`'s (`journal.py`),
+which a `Ledger` is; how they survive faults of storage (held, retried, saved for
+the next broker) is `SurvivesFaults`'s (`storage_faults.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import json
-import logging
-import os
 import sqlite3
-import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Hashable, Iterable
 from types import SimpleNamespace
 
 from marbled.core.admission import Admitted
-from marbled.core.errors import Unavailable
 from marbled.core.measure import Sample
 from marbled.core.model import JobState, Start
+from marbled.daemon.journal import DEFER, INSERT_EVENT, Journal, _json, _Write
+from marbled.daemon.storage_faults import SPILL_SUFFIX, StorageLost, StoreRefused, storage_fault
 from marbled.store.db import Store, placement_columns
 
-log = logging.getLogger("marbled")
+# imported from here by the broker, its command and its tests
+__all__ = ["DEFER", "SPILL_SUFFIX", "Ledger", "StorageLost", "StoreRefused", "storage_fault"]
 
-DEFER = 0.05  # seconds a write no one waits for may wait for company
 RETRY_FIRST = 1.0  # seconds before held writes are tried again ...
 RETRY_MAX = 10.0  # ... doubling up to this
-REMIND = 60.0  # seconds between the log's reminders that writes are held
-SPILL_SUFFIX = ".held.json"  # beside the database: writes a stopped broker still held
 
 JOB_COLUMNS = (
     "id", "name", "model", "steps", "gpus_request", "demand", "nodes", "retries", "failures",
@@ -82,64 +47,10 @@ JOB_COLUMNS = (
 INSERT_ENVIRONMENT = "INSERT OR IGNORE INTO environments (digest, whole, vars) VALUES (?, ?, ?)"
 INSERT_JOB = (f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) "
               f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
-INSERT_EVENT = "INSERT INTO events (at, kind, job_id, run_id, data) VALUES (?, ?, ?, ?, ?)"
 INSERT_RUN = ("INSERT INTO runs (id, job_id, node, gpu_ids, gpu_count, share, role, started_at,"
               " start_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 FILL_END_STEP = ("UPDATE runs SET end_step = ? WHERE end_step IS NULL AND id = "
                  "(SELECT max(id) FROM runs WHERE job_id = ? AND id < ?)")
-
-# SQLite's primary result codes that say the storage failed, not the statement
-_SQLITE_FAULTS = {5: "locked", 6: "locked", 8: "readonly", 10: "ioerr", 13: "full",
-                  14: "cantopen"}
-_OS_FAULTS = {errno.ENOSPC: "full", errno.EDQUOT: "quota", errno.EROFS: "readonly",
-              errno.EIO: "ioerr"}
-_MESSAGES = (("database or disk is full", "full"), ("readonly database", "readonly"),
-             ("disk i/o error", "ioerr"), ("database is locked", "locked"),
-             ("unable to open database file", "cantopen"))
-
-
-def storage_fault(exc: BaseException) -> str | None:
-    """The kind of storage fault `exc` is ('full', 'quota', 'readonly', 'ioerr', 'locked',
-    'cantopen'), which a retry may cure once space or access returns; None for a fault of
-    the statement (a constraint, a bug), which no retry cures."""
-    if isinstance(exc, OSError):
-        return _OS_FAULTS.get(exc.errno)
-    if not isinstance(exc, sqlite3.OperationalError):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return _SQLITE_FAULTS.get(code & 0xFF)
-    text = str(exc).lower()
-    return next((kind for words, kind in _MESSAGES if words in text), None)
-
-
-def mount_point(path: Path) -> Path:
-    """The mount point of the filesystem `path` is on."""
-    path = Path(os.path.abspath(path))
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _diagnose(kind: str | None, db: Path) -> tuple[str | None, Path]:
-    """A closer look at a fault SQLite reports vaguely (an I/O error may be a file made
-    immutable, or a full disk): its kind, and the file at fault."""
-    if kind in ("ioerr", "readonly", "cantopen"):
-        for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"),
-                     db.parent):
-            if path.exists() and not os.access(path, os.W_OK):
-                return "readonly", path
-    if kind == "ioerr":
-        with contextlib.suppress(OSError):
-            disk = os.statvfs(db.parent)
-            if disk.f_bavail * disk.f_frsize < 1 << 16:
-                return "full", db
-    return kind, db
-
-
-def _json(value) -> str:
-    """As the store's JSON columns hold values (SQLAlchemy's JSON type: None is 'null')."""
-    return json.dumps(value)
 
 
 def _json_once() -> Callable[[Hashable, object], str]:
@@ -156,443 +67,23 @@ def _json_once() -> Callable[[Hashable, object], str]:
     return encode
 
 
-class StoreRefused(Unavailable):
-    """A submission the store could not take while it cannot be written (a full disk): it was
-    not accepted (503), and the broker forgets its `jobs`."""
-
-    def __init__(self, message: str, jobs: Iterable[int] = ()):
-        super().__init__(message)
-        self.jobs = tuple(jobs)
-
-
-class StorageLost(RuntimeError):
-    """The broker stops with writes its store never took."""
-
-
-@dataclass(eq=False)
-class _Write:
-    """One change: `apply` writes it on a connection, the same statements each time."""
-
-    apply: Callable[[sqlite3.Connection], None]
-    future: asyncio.Future | None = None  # a submitter that waits for its commit
-    jobs: tuple[int, ...] = ()  # a submission's jobs: refused, not held, if it cannot commit
-    refused: StoreRefused | None = None
-
-
-class _Recorder:
-    """A connection that only keeps the statements it is given (to save held writes)."""
-
-    def __init__(self):
-        self.statements: list[list] = []
-
-    def execute(self, sql: str, args=()) -> None:
-        self.statements.append([sql, list(args)])
-
-    def executemany(self, sql: str, rows) -> None:
-        self.statements.append([sql, [list(r) for r in rows], "many"])
-
-
-class Ledger:
+class Ledger(Journal):
     def __init__(self, store: Store,
                  observe: Callable[[str, int | None, dict], None] | None = None,
                  on_failure: Callable[[BaseException], None] | None = None):
-        self.store = store
-        self.db: sqlite3.Connection = store.writer()
-        # Sees every event written (kind, run id, data; a submission's `submitted` events as
-        # one, with `jobs`: how many): the broker's metrics count them.
-        self._observe = observe or (lambda kind, run_id, data: None)
-        self.on_failure = on_failure or (lambda exc: None)
-        self.on_recovered: Callable[[], None] = lambda: None  # held writes were committed
-        self._pending: list[_Write] = []  # not yet written (or held: see `fault`)
-        self._writes: list[_Write] = []  # those of the open transaction
-        self._error: BaseException | None = None  # a write of the open transaction failed
-        self._seen: list[tuple[str, int | None, dict]] = []  # events to observe at commit
-        self._depth = 0  # > 0 inside a scope (batch() nests the writes in its transaction)
-        self._open = False  # the scope's transaction has begun
-        self._flush_soon: asyncio.Handle | asyncio.TimerHandle | None = None
-        self._soon_is_timer = False
-        # Storage faults: why writes are held (None: they are written), and their retry.
-        self.fault: str | None = None
-        self._fault_since = self._reminded = 0.0
-        self._retry: asyncio.TimerHandle | None = None
-        self._retry_in = RETRY_FIRST
-        self.held_most = 0  # the most writes held at once
-        self.dropped_samples = 0  # GPU samples not kept while writes were held
-        self._spilled = False  # the held writes were saved for the next broker: write no more
+        super().__init__(store, observe, on_failure, retry=(RETRY_FIRST, RETRY_MAX))
         # What writes need to know, kept as written (or held): never read back for a write.
         self._jobs: dict[int, list] = {}  # unfinished job -> [step, started_at, failures]
-        self._apply_spill()
         self._next_run = (self.db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0) + 1
 
-    @property
-    def held(self) -> int:
-        """Writes held in memory while the store cannot take them."""
-        return len(self._pending) if self.fault is not None else 0
-
-    # ------------------------------------------------------------ transactions
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Every write made inside goes into one transaction (a decision's changes); none is
-        begun if nothing is written."""
-        with self._scope():
-            yield
-
-    @contextmanager
-    def _scope(self) -> Iterator[None]:
-        """The outermost scope commits (or holds, or rolls back) the transaction its writes
-        began, and then tells the submitters in it and the observer."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        if self.fault is None and any(w.future for w in self._pending):
-            # Submissions commit in a transaction of their own, before any change that could
-            # concern their jobs: if the store refuses them, they are refused alone.
-            self.flush()
-        with self._outermost():
-            yield
-
-    @contextmanager
-    def _outermost(self) -> Iterator[None]:
-        """The outermost scope's body: its transaction aborted on an error, ended after."""
-        self._depth = 1
-        try:
-            yield
-        except BaseException as exc:
-            self._abort(exc)
-            raise
-        finally:
-            self._depth = 0
-        self._end()
-
-    def _write(self, write: _Write) -> None:
-        """One change: in the open transaction, or in one of its own; held while the store
-        cannot be written."""
-        if self.fault is not None and not self._open:
-            self._hold(write)
-            return
-        with self._scope():
-            self._begin()
-            self._run(write)
-
-    def _hold(self, write: _Write) -> None:
-        self._pending.append(write)
-        if self.fault is not None:
-            self.held_most = max(self.held_most, len(self._pending))
-
-    def _begin(self) -> None:
-        """Open the scope's transaction, if not yet: BEGIN, and what waits written first."""
-        if self._open:
-            return
-        self._cancel_flush()
-        pending, self._pending = self._pending, []
-        self._open, self._error, self._writes = True, None, []
-        try:
-            if not self.db.in_transaction:  # (one left open on the connection is joined)
-                self.db.execute("BEGIN")
-        except (sqlite3.Error, OSError) as exc:
-            if storage_fault(exc) is None:
-                self._writes = pending  # the scope rolls back, and they fail with it
-                raise
-            self._error = exc
-        for write in pending:
-            self._run(write)
-
-    def _run(self, write: _Write) -> None:
-        """Write `write` in the open transaction; once one has failed, only keep it."""
-        self._writes.append(write)
-        if self._error is not None:
-            return
-        try:
-            write.apply(self.db)
-        except (sqlite3.Error, OSError) as exc:
-            if storage_fault(exc) is None:
-                raise
-            self._error = exc
-
-    def _end(self) -> None:
-        """Commit the open transaction; if the store refuses it, hold its writes."""
-        if not self._open:
-            return
-        if self._error is None:
-            try:
-                self.db.commit()
-            except (sqlite3.Error, OSError) as exc:
-                if storage_fault(exc) is None:
-                    self._abort(exc)
-                    raise
-                self._error = exc
-        writes, self._writes, self._open = self._writes, [], False
-        if self._error is not None:
-            exc, self._error = self._error, None
-            self._refused(writes, exc)
-            return
-        if self.fault is not None:
-            self._recovered(len(writes))
-        seen, self._seen = self._seen, []
-        for kind, run_id, data in seen:
-            self._observe(kind, run_id, data)
-        for write in writes:
-            if write.future is not None and not write.future.done():
-                write.future.set_result(None)
-
-    def _abort(self, exc: BaseException) -> None:
-        """A failure that is not the storage's: the transaction is rolled back and its writes
-        are lost; the submitters in it hear `exc`, and the broker stops (its state holds
-        jobs its store does not)."""
-        writes, self._writes = self._writes, []
-        self._open, self._error = False, None
-        self._seen.clear()
-        if self.db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self.db.rollback()
-        waiting = [w.future for w in writes if w.future is not None and not w.future.done()]
-        for future in waiting:
-            future.set_exception(exc)
-        if waiting:
-            self.on_failure(exc)
-
-    def flush(self) -> None:
-        """Commit what waits now; while the store cannot be written, try the held writes."""
-        if not self._pending or self._depth or self._spilled:
-            return
-        with self._outermost():
-            self._begin()
-
-    def _later(self, write: _Write, *, soon: bool) -> None:
-        """Queue `write` for the next transaction: at the end of this round of the loop
-        (`soon`) or within DEFER seconds; at once without a running loop."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None or self._depth:
-            self._write(write)
-            return
-        self._hold(write)
-        if self.fault is not None:  # the retry writes it
-            return
-        if self._flush_soon is not None and (soon and self._soon_is_timer):
-            self._cancel_flush()
-        if self._flush_soon is None:
-            self._soon_is_timer = not soon
-            self._flush_soon = loop.call_soon(self._flush_now) if soon else \
-                loop.call_later(DEFER, self._flush_now)
-
-    def _flush_now(self) -> None:
-        self._flush_soon = None
-        try:
-            self.flush()
-        except Exception as exc:  # noqa: BLE001 (no caller to raise to: the broker stops)
-            self.on_failure(exc)
-
-    def _cancel_flush(self) -> None:
-        if self._flush_soon is not None:
-            self._flush_soon.cancel()
-            self._flush_soon = None
-
-    # ------------------------------------------------------------ storage faults
-
-    def _refused(self, writes: list[_Write], exc: BaseException) -> None:
-        """The store refused the transaction of `writes` (full, read-only, failing): roll it
-        back, hold its writes ahead of any made since, in order, and try them again later;
-        refuse the submissions among them."""
-        self._seen.clear()
-        if self.db.in_transaction:
-            try:
-                self.db.rollback()
-            except sqlite3.Error as again:
-                log.debug("rolling back the refused transaction: %s", again)
-        kind = storage_fault(exc)
-        first = self.fault is None
-        self.fault = self._advice(kind, exc)
-        refused = [w for w in writes if w.jobs]
-        kept = [w for w in writes if not w.jobs]
-        now = time.monotonic()
-        if first:
-            self._fault_since = self._reminded = now
-            self._retry_in = RETRY_FIRST
-            kept.insert(0, self._fault_event(exc))  # the journal will say when and why
-        self._pending[:0] = kept
-        self.held_most = max(self.held_most, len(self._pending))
-        if first:
-            log.error("the store cannot be written (%s): %s. Its writes are held in memory "
-                      "(%d now) and tried again every %g-%g s; submissions get 503 until then; "
-                      "running jobs go on", exc, self.fault, len(self._pending), RETRY_FIRST,
-                      RETRY_MAX)
-        elif now - self._reminded >= REMIND:
-            self._reminded = now
-            log.warning("the store still cannot be written after %.0f s (%s): %s; %d writes "
-                        "held", now - self._fault_since, exc, self.fault, len(self._pending))
-        else:
-            log.debug("the store still refuses writes (%s); %d held", exc, len(self._pending))
-        grouped: list[int] = []
-        for write in refused:
-            write.refused = StoreRefused(f"not accepted: {self.fault}", write.jobs)
-            for job_id in write.jobs:
-                self._jobs.pop(job_id, None)
-            if write.future is not None:
-                grouped += write.jobs
-                if not write.future.done():
-                    write.future.set_exception(write.refused)
-                    write.future.exception()  # its submitter may be gone: no warning then
-        if grouped:  # the broker's state holds them: it must forget them
-            self.on_failure(StoreRefused(f"not accepted: {self.fault}", grouped))
-        self._schedule_retry()
-
-    def _fault_event(self, exc: BaseException) -> _Write:
-        data = _json({"error": str(exc), "reason": self.fault})
-        at = time.time()
-
-        def apply(con: sqlite3.Connection) -> None:
-            con.execute(INSERT_EVENT, (at, "store-unwritable", None, None, data))
-            self._seen.append(("store-unwritable", None, {}))
-
-        return _Write(apply)
-
-    def _advice(self, kind: str | None, exc: BaseException) -> str:
-        """Why writes are held, and what to do about it."""
-        db = self.store.path
-        if db is None:
-            return f"the store refuses writes ({exc})"
-        state_dir = db.parent
-        mount = mount_point(state_dir)
-        kind, db = _diagnose(kind, db)
-        match kind:
-            case "full":
-                return (f"the state directory's disk is full: free space on {mount} (the "
-                        f"filesystem of {state_dir})")
-            case "quota":
-                return (f"the disk quota on {mount} is exceeded: free space there or raise "
-                        f"the quota (the state directory {state_dir})")
-            case "readonly":
-                return (f"{db} cannot be written (read-only): make it writable again (its "
-                        f"mode; its immutable flag: lsattr; or {mount} mounted read-only)")
-            case "locked":
-                return (f"the database {db} is locked by another process: stop what holds it "
-                        f"(fuser {db})")
-            case "cantopen":
-                return f"the database's files in {state_dir} cannot be opened ({exc})"
-            case _:
-                return f"writing the database {db} fails ({exc}): check the filesystem {mount}"
-
-    def _schedule_retry(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # the next write or flush tries
-        delay, self._retry_in = self._retry_in, min(self._retry_in * 2, RETRY_MAX)
-        self._retry = loop.call_later(delay, self._try_again)
-
-    def _try_again(self) -> None:
-        self._retry = None
-        if self.fault is None:
-            return
-        if self._depth:  # never from a callback, but a scope's end will not retry
-            self._schedule_retry()
-            return
-        try:
-            self.flush()
-        except Exception as exc:  # noqa: BLE001 (no caller to raise to: the broker stops)
-            self.on_failure(exc)
-
-    def _recovered(self, held: int) -> None:
-        after = time.monotonic() - self._fault_since
-        log.warning("the store can be written again after %.1f s: the %d writes held in the "
-                    "meantime are committed; submissions are accepted again", after, held)
-        self.fault = None
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if self.dropped_samples:
-            log.info("%d GPU samples were not kept while the store could not be written",
-                     self.dropped_samples)
-            self.dropped_samples = 0
-        data = _json({"held": held, "after_s": round(after, 3)})
-        at = time.time()
-        self._later(_Write(lambda con: self._log_row(con, "store-writable", at, data)),
-                    soon=False)
-        self.on_recovered()
-
-    def _log_row(self, con: sqlite3.Connection, kind: str, at: float, data: str) -> None:
-        con.execute(INSERT_EVENT, (at, kind, None, None, data))
-        self._seen.append((kind, None, {}))
+    def _forget(self, jobs: tuple[int, ...]) -> None:
+        for job_id in jobs:
+            self._jobs.pop(job_id, None)
 
     def _refuse_submissions(self, jobs: Iterable[int]) -> None:
         if self.fault is not None:
             raise StoreRefused(f"the broker cannot write its store now: {self.fault}; running "
                                "jobs go on: submit again once it is freed", jobs)
-
-    @property
-    def spill_path(self) -> Path | None:
-        path = self.store.path
-        return path.with_name(path.name + SPILL_SUFFIX) if path is not None else None
-
-    def spill(self) -> Path | None:
-        """Save the held writes beside the database, as SQL statements, for the next broker
-        on this store to apply before it reads it; the file, or None if it could not be
-        written (then the next broker settles the open runs from the jobs' files)."""
-        if self.fault is None or not self._pending:
-            return None
-        recorder = _Recorder()
-        for write in self._pending:
-            write.apply(recorder)
-        self._seen.clear()
-        path = self.spill_path
-        if path is None:
-            return None
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with open(fd, "w") as f:
-                json.dump({"statements": recorder.statements, "reason": self.fault}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            log.error("could not save the %d held writes to %s (%s): the next broker settles "
-                      "the runs left open from the jobs' own files", len(self._pending), path,
-                      exc)
-            return None
-        log.error("the store could not take %d writes before the broker stopped (%s): they "
-                  "are saved in %s, and the next broker on this state directory applies them "
-                  "first", len(self._pending), self.fault, path)
-        self._pending.clear()  # saved: a later flush must not write them a second time
-        self._spilled = True
-        return path
-
-    def _apply_spill(self) -> None:
-        """Apply what a broker that stopped with writes held saved (see `spill`)."""
-        path = self.spill_path
-        if path is None or not path.exists():
-            return
-        try:
-            statements = json.loads(path.read_text())["statements"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StorageLost(f"cannot read the writes a stopped broker saved in {path} "
-                              f"({exc}); move it away to start without them") from None
-        try:
-            self.db.execute("BEGIN")
-            for sql, args, *many in statements:
-                (self.db.executemany if many else self.db.execute)(sql, args)
-            self.db.commit()
-        except sqlite3.Error as exc:
-            if self.db.in_transaction:
-                self.db.rollback()
-            raise StorageLost(f"cannot apply the writes a stopped broker saved in {path} "
-                              f"({exc}); free the store and start again") from None
-        path.unlink()
-        log.warning("applied the writes the last broker held when it stopped (%d statements, "
-                    "saved in %s)", len(statements), path)
 
     # ------------------------------------------------------------ events
 

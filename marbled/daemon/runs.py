@@ -7,7 +7,8 @@ suspending), whichever is first. No acknowledgement within `suspend_timeout`:
 SIGCONT + SIGTERM, then SIGKILL after `kill_timeout`; after an acknowledgement
 the process gets `kill_timeout` to exit before SIGKILL. The exit code, the
 acknowledgement and the job's last progress report decide how the run ended
-(`core/outcome.py`); `Runs` records it and tells the broker.
+(`core/outcome.py`; a failed run's reason, from its files: `run_failures.py`); `Runs`
+records it and tells the broker.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 
 from marbled.batch.base import Launcher, RunHandle
-from marbled.batch.ranks import read_rank_failure
-from marbled.core.failures import TAIL_LINES, memory_cause, rank_error, rank_lines
 from marbled.core.model import Job, JobState, Start, State
 from marbled.core.outcome import RunEnd, run_outcome
 from marbled.core.spec import JobSpec
@@ -29,11 +28,9 @@ from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
 from marbled.daemon.requests import launch_request, not_prestartable, start_failure
+from marbled.daemon.run_failures import failure_reason
 from marbled.daemon.workfiles import JobFiles
 from marbled.worker.protocol import STANDBY_VAR
-
-# where a failed per-GPU run's failing rank's last lines are looked for: its log's end
-RANK_LOG_BYTES, RANK_LOG_LINES = 64 * 1024, 1000
 
 log = logging.getLogger("marbled")
 
@@ -368,19 +365,8 @@ class Runs:
         if said:  # the batch system ended it (scancel, time limit, OOM): its words
             why, extra["ended_by"] = f"{why}: {said['detail']}", said
         if end.outcome is JobState.FAILED:
-            failure = read_rank_failure(self.files.dir(live.job_id), live.run_id)
-            if failure:  # one rank of a per-GPU run failed: the others were stopped
-                why = f"rank {failure['rank']} of {failure['world']} {why}"
-                extra["rank"] = failure["rank"]
-            extra["stderr_tail"] = whole = self.files.stderr_tail(live.job_id, live.run_id)
-            cause, error = memory_cause(whole), None
-            if spec.per_gpu:  # the failing rank's own words, not the launcher's summary
-                why, error = self._failing_rank(live, failure, why, extra)
-                cause = cause or memory_cause(extra["stderr_tail"])
-            if cause:
-                why, extra["cause"] = f"{why}: {cause}", cause
-            if error:
-                why = f"{why}: {error}"
+            why = failure_reason(self.files, live.job_id, live.run_id, spec.per_gpu, why,
+                                 extra)
             failures = self.ledger.failures(live.job_id)
             if failures < spec.retries:
                 delay = self.config.retry_delay * 2 ** failures
@@ -393,24 +379,6 @@ class Runs:
             # there is, and its first report says which (as after a stop by force).
             end_step, extra["last_reported_step"] = None, end.end_step
         return RunEnd(end.outcome, why, end_step), retry_at, extra
-
-    def _failing_rank(self, live: LiveRun, failure: dict | None, why: str,
-                      extra: dict) -> tuple[str, str | None]:
-        """A failed per-GPU run's reason naming its failing rank (the local launcher's record,
-        or the task srun names), and that rank's error line (the exception of its traceback,
-        else its last line): its own words, not the launcher's summary ("marbled: rank 0
-        exited with 1; stopping the other 3 rank(s)"). The event's stderr_tail becomes that
-        rank's last lines, found among the other ranks' in the log's last RANK_LOG_BYTES."""
-        end = self.files.read_log(live.job_id, live.run_id, "stderr", 0, RANK_LOG_BYTES,
-                                  lines=RANK_LOG_LINES)["text"]
-        rank, error = rank_error(end, failure["rank"] if failure else None)
-        if rank is None or error is None:
-            return why, None
-        if not failure:  # srun said which task failed
-            why, extra["rank"] = f"rank {rank} {why}", rank
-        extra["stderr_tail"] = "\n".join(rank_lines(end, rank)[-TAIL_LINES:])
-        extra["error"] = error
-        return why, error
 
     def _check_restored(self, live: LiveRun, extra: dict) -> None:
         """A job that could not use the checkpoint it acknowledged: say so, never silently."""
