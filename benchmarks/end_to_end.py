@@ -7,9 +7,11 @@ job set 3 packed by hand with `srun --exact` steps beside marbled's Slurm launch
    (`hyperqueue.cluster.LocalCluster`: the server and one worker with 6 CPUs in this process,
    one task per CPU, HyperQueue's default per-task stdout/stderr files, as marbled keeps
    per-run logs). Each system is warmed up by one job first. Per system: wall time from the
-   submission to the last end, jobs/s, the scheduler's own CPU time per job, and how many
-   jobs ran at once. Concurrency is sampled the same way for both: a separate process
-   counts the scheduler's child processes named as the command every --sample-ms (a lower
+   submission to the last end, jobs/s, the scheduler's own CPU time per job (marbled's: the
+   broker and its shared supervisor, which starts the runs; HyperQueue's: this process,
+   its server and worker), and how many jobs ran at once. Concurrency is sampled the same
+   way for both: a separate process counts the scheduler's descendants named as the
+   command every --sample-ms (a lower
    bound for `true`, whose processes live about 1 ms; the time-average of the samples is
    the mean concurrency). For marbled the runs table gives it exactly as well (from the
    broker's launch decision to its recording of the exit). HyperQueue's Python API gives
@@ -93,6 +95,17 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def broker_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of a broker and of its shared supervisor (marbled.batch.spawner), which
+    starts and reaps the runs, as HyperQueue's worker does in its figure."""
+    total = cpu_seconds(pid)
+    for child in _children(pid):
+        with contextlib.suppress(OSError):
+            if b"shared_supervisor.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                total += cpu_seconds(int(child))
+    return total
 
 
 # ---------------------------------------------------------------- concurrency sampler
@@ -208,13 +221,13 @@ def trivial_marbled(command: list[str], n: int, tmp: Path, sample_ms: float) -> 
         client.post("/v1/jobs", {"gpus": 1, "command": ["true"], "name": "warm-up"})
         wait_all()
         sampler = Sampler(proc.pid, Path(command[0]).name, sample_ms)
-        cpu0, load0 = cpu_seconds(proc.pid), load_avg()
+        cpu0, load0 = broker_cpu_seconds(proc.pid), load_avg()
         t0 = time.time()
         ids = [j["id"] for j in client.post(
             "/v1/jobs", {"jobs": [{"gpus": 1, "command": command}] * n})["jobs"]]
         accepted = time.time()
         seen = wait_all()
-        cpu = cpu_seconds(proc.pid) - cpu0
+        cpu = broker_cpu_seconds(proc.pid) - cpu0
         sampled = sampler.stop()
     finally:
         proc.terminate()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from marbled.batch.step import rank_file
-from marbled.batch.supervise import read_exit, step_exit_code
+from marbled.batch.supervise import process_stat, read_exit, step_exit_code
 from marbled.worker.protocol import read_json
 
 
@@ -110,6 +110,10 @@ class Launcher(Protocol):
         """A handle on a run an earlier broker launched (process `pid`, started at `pid_start`)."""
         ...
 
+    def close(self) -> None:
+        """The broker stops: let go of what launches runs (the runs themselves live on)."""
+        ...
+
 
 # ------------------------------------------------------------------ batch systems
 
@@ -190,13 +194,8 @@ class BatchSystem(ABC):
 def process_start_time(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if
     it has exited, a zombie included (an orphan's, until init reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    stat = process_stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
 
 
 @dataclass
@@ -288,6 +287,9 @@ class StepLauncher:
         for rank in range(ranks):
             rank_file(info_file, rank).unlink(missing_ok=True)
         return info_file
+
+    def close(self) -> None:
+        pass  # every step is a child of the broker: nothing shared to let go of
 
     def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> StepRun:
         return self.step_class(pid, pid_start, run_dir / self.info_name, str(run_id),

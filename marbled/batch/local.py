@@ -10,10 +10,12 @@ makes the group an orphaned one, where a default-action SIGTSTP is discarded:
 a wrapper such as `sh -c` is not stopped by the broker's SIGTSTP, while the
 training process, which catches it, checkpoints and exits.
 
-Every run's process is a supervisor (marbled.batch.supervise; a per-GPU run's,
-marbled.batch.ranks), the leader of that session and group, with the command its
-child in the group: it records the command's exit status in the run's exit file, so
-that a broker that adopts the run after a restart knows how it ended (AdoptedRun).
+A plain run's process is its command, the leader of that session and group, started
+by the broker's shared supervisor (marbled.batch.spawner; where the host has no pidfds,
+by a supervisor of its own, marbled.batch.supervise, which leads the group); a per-GPU
+run's is marbled.batch.ranks. Each records the command's exit status in the run's exit
+file, so that a broker that adopts the run after a restart knows how it ended
+(AdoptedRun).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from marbled.batch.base import (
 )
 from marbled.batch.gpus import GpuDiscoveryError, discover_gpus
 from marbled.batch.ranks import descendants, local_rank_envs
-from marbled.batch.supervise import STEP_FLAG, read_exit
+from marbled.batch.spawner import Spawner, can_share
+from marbled.batch.supervise import STEP_FLAG, launch_lock, process_stat, read_exit
 
 SUPERVISOR = str(Path(__file__).with_name("supervise.py"))
 
@@ -107,6 +110,21 @@ def find_run_process(run_dir: str, run_id: int) -> int | None:
         if go and _go_run_id(go) == run_id:
             return pid
     return None
+
+
+def find_launched_process(run_dir: str, run_id: int) -> int | None:
+    """find_run_process under the job's launch lock (supervise.launch_lock): a shared
+    supervisor still starting the run is waited for, and one that has not started it by
+    then never will (its broker is gone)."""
+    try:
+        lock = launch_lock(run_dir)
+    except OSError:  # no directory to lock in: nothing was launched there
+        lock = -1
+    try:
+        return find_run_process(run_dir, run_id)
+    finally:
+        if lock >= 0:
+            os.close(lock)
 
 
 def _go_run_id(path: str) -> int | None:
@@ -178,7 +196,16 @@ class AdoptedRun:
     async def wait(self) -> int | None:
         while self.alive():
             await asyncio.sleep(0.2)
-        return self.exit_code()
+        code = self.exit_code()
+        # A shared supervisor records the exit just before it reaps the process: while the
+        # process is its zombie, the record is on its way (bounded: an orphan's zombie may
+        # wait for an init that reaps late)
+        for _ in range(100):
+            if code is not None or process_stat(self.pid) != ("Z", self.pid_start):
+                break
+            await asyncio.sleep(0.05)
+            code = self.exit_code()
+        return code
 
     def exit_code(self) -> int | None:
         """What the run's supervisor recorded as it exited (it writes before it exits)."""
@@ -193,6 +220,16 @@ class AdoptedRun:
 class LocalLauncher:
     name = "local"
 
+    def __init__(self, shared: bool | None = None):
+        """`shared`: every plain run under one shared supervisor (marbled.batch.spawner),
+        else each under its own; None: shared where the host has pidfds."""
+        self.spawner = Spawner() if (can_share() if shared is None else shared) else None
+
+    def close(self) -> None:
+        """The broker ends: the shared supervisor records its runs to their ends, then exits."""
+        if self.spawner is not None:
+            self.spawner.close()
+
     def adopt(self, pid: int, pid_start: int | None, run_dir: Path, run_id: int) -> AdoptedRun:
         return AdoptedRun(pid, pid_start, run_dir, run_id)
 
@@ -203,15 +240,19 @@ class LocalLauncher:
         A per-GPU run's process is marbled.batch.ranks, which starts one rank per GPU of
         every node (all on this host, node 0's GPUs first), with MASTER_PORT free here; a
         prestarted one starts `standby_ranks` ranks, given their GPUs by the go; it records
-        the run's exit itself. Any other run's process is marbled.batch.supervise, which
-        records it: launch() returns once the command runs, and raises the OSError of a
-        command that cannot start, as a direct start would."""
+        the run's exit itself. Any other run's process is its command, started by the
+        broker's shared supervisor (marbled.batch.spawner), or else under its own
+        (marbled.batch.supervise), which records its exit: launch() returns once the
+        command runs, and raises the OSError of a command that cannot start, as a direct
+        start would."""
         env = {**request.environment(), "CUDA_VISIBLE_DEVICES": ",".join(request.devices)}
         argv = request.argv
         if request.per_gpu:
             ranks = request.standby_ranks or local_rank_envs(request.parts)
             argv = (sys.executable, "-m", "marbled.batch.ranks", json.dumps(ranks), *argv)
             spawn = _spawn
+        elif self.spawner is not None:
+            return await self.spawner.launch(request, env)
         else:
             spawn = _spawn_supervised
         proc, start = await asyncio.get_running_loop().run_in_executor(

@@ -43,6 +43,27 @@ STEP_FLAG = "--step"  # before ARGV: a step command's exit, as step_exit_code re
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP)
 
 
+LAUNCH_LOCK = "launching.lock"  # in a job's directory: see launch_lock
+
+
+def launch_lock(run_dir: str) -> int:
+    """Hold the launch lock of a job's directory (blocking); close the descriptor to let go.
+
+    A shared supervisor holds it while it starts one of the job's runs, and starts none for
+    a broker that is gone; a broker that recovers a run whose pid was never recorded holds
+    it while it looks for the run's process. So a command its dead broker asked for is
+    either found by the next broker, or never started: not started behind its back."""
+    import fcntl  # only these two callers lock
+
+    fd = os.open(os.path.join(run_dir, LAUNCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def step_exit_code(status: int) -> int:
     """A step command's exit as a run's code: srun and jsrun exit with 128+N when signal N
     ended the task, which is -N, as for local runs."""
@@ -75,6 +96,17 @@ def write_exit(run_dir: str, run_id: int | str, code: int) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of `pid`: fields 3 and 22 of
+    /proc/PID/stat; None once it is gone (reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def read_exit(run_dir, run_id: int | str) -> int | None:

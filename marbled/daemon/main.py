@@ -151,6 +151,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
         await broker.run()
     finally:
         await runner.cleanup()
+        launcher.close()
         for stale in (path, config.state_dir / TOKEN_NAME, config.state_dir / ENDPOINT_NAME):
             stale.unlink(missing_ok=True)
         if broker.sampler:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
-from marbled.batch.local import find_run_process, process_start_time
+from marbled.batch.local import find_launched_process, process_start_time
 from marbled.core.model import Job, JobState, Placement, Role
 from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
@@ -119,7 +119,7 @@ def _adopt(runs: Runs, job_id: int, state: JobState, run) -> None:
     run_dir = runs.files.dir(job_id)
     pid, pid_start = run.pid, run.pid_start
     if pid is None:  # the broker died before it could record the pid
-        pid = find_run_process(str(run_dir), run.id)
+        pid = find_launched_process(str(run_dir), run.id)
         pid_start = process_start_time(pid) if pid else None
         if pid:
             runs.ledger.run_process(run.id, pid, pid_start)

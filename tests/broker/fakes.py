@@ -131,6 +131,9 @@ class FakeLauncher:
         self.runs.append(run)
         return run
 
+    def close(self) -> None:
+        pass
+
     def adopt(self, pid: int, pid_start, run_dir: Path, run_id: int) -> FakeRun:
         env = {"MARBLE_RUN_ID": str(run_id), "MARBLE_RUN_DIR": str(run_dir)}
         run = FakeRun(_AdoptedRequest(env), pid, alive=self.adopt_alive)

@@ -274,6 +274,9 @@ class SimLauncher:
     async def launch(self, request) -> SimHandle:
         return self.world.launched(request).handle(adopted=False)
 
+    def close(self) -> None:
+        pass
+
     def adopt(self, pid: int, pid_start, run_dir: Path, run_id: int):
         proc = self.world.by_run.get(run_id)
         if proc is None:

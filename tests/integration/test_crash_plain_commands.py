@@ -51,6 +51,11 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def job_rows(d: Daemon) -> dict[str, dict]:
     return {r["name"]: dict(r) for r in d.query("SELECT * FROM jobs")}
 
@@ -99,15 +104,17 @@ def test_runs_that_end_or_live_through_a_crash_complete_once(daemon_factory, tmp
 
 
 def test_only_a_run_with_no_record_and_no_process_runs_again(daemon_factory, tmp_path):
-    """The run's whole process group is killed while no broker watches: nothing recorded
-    how it ended, so the next broker runs it again, and the record says why."""
+    """The run's whole process group is killed while no broker watches, and the shared
+    supervisor that started it (marbled.batch.spawner) too: nothing recorded how it
+    ended, so the next broker runs it again, and the record says why."""
     marks = tmp_path / "marks"
     marks.mkdir()
     d = daemon_factory()
     d.submit(plain("lost", marks, "sleep 30"))
     pid = wait_until(lambda: running_pids(d).get("lost"), what="the run's pid")
     d.stop(signal.SIGKILL)
-    os.killpg(pid, signal.SIGKILL)  # the supervisor too: no exit is recorded
+    os.kill(parent(pid), signal.SIGKILL)  # the supervisor, which would record the kill
+    os.killpg(pid, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), what="the run's end")
     d = daemon_factory()
     first = wait_until(lambda: [r for r in runs_of(d, "lost") if r["ended_at"]],
