@@ -97,15 +97,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def broker_cpu_seconds(pid: int) -> float:
-    """cpu_seconds of a broker and of its shared supervisor (marbled.batch.spawner), which
+def broker_cpu_seconds(pid: int) -> tuple[float, float]:
+    """cpu_seconds of a broker, and of its shared supervisor (marbled.batch.spawner), which
     starts and reaps the runs, as HyperQueue's worker does in its figure."""
-    total = cpu_seconds(pid)
+    supervisor = 0.0
     for child in _children(pid):
         with contextlib.suppress(OSError):
             if b"shared_supervisor.py" in Path(f"/proc/{child}/cmdline").read_bytes():
-                total += cpu_seconds(int(child))
-    return total
+                supervisor += cpu_seconds(int(child))
+    return cpu_seconds(pid), supervisor
 
 
 # ---------------------------------------------------------------- concurrency sampler
@@ -221,13 +221,15 @@ def trivial_marbled(command: list[str], n: int, tmp: Path, sample_ms: float) -> 
         client.post("/v1/jobs", {"gpus": 1, "command": ["true"], "name": "warm-up"})
         wait_all()
         sampler = Sampler(proc.pid, Path(command[0]).name, sample_ms)
-        cpu0, load0 = broker_cpu_seconds(proc.pid), load_avg()
+        (broker0, supervisor0), load0 = broker_cpu_seconds(proc.pid), load_avg()
         t0 = time.time()
         ids = [j["id"] for j in client.post(
             "/v1/jobs", {"jobs": [{"gpus": 1, "command": command}] * n})["jobs"]]
         accepted = time.time()
         seen = wait_all()
-        cpu = broker_cpu_seconds(proc.pid) - cpu0
+        broker, supervisor = broker_cpu_seconds(proc.pid)
+        broker, supervisor = broker - broker0, supervisor - supervisor0
+        cpu = broker + supervisor
         sampled = sampler.stop()
     finally:
         proc.terminate()
@@ -244,6 +246,7 @@ def trivial_marbled(command: list[str], n: int, tmp: Path, sample_ms: float) -> 
             "jobs_per_s": n / (last_end - t0), "sampled_last_s": _last(sampled, t0),
             "submit_s": accepted - t0, "first_start_s": min(s for s, _ in runs) - t0,
             "seen_done_s": seen - t0, "cpu_ms_per_job": 1000 * cpu / n,
+            "supervisor_cpu_ms_per_job": 1000 * supervisor / n,
             "cpu_share": cpu / (last_end - t0), "most_at_once": most, "mean_at_once": mean,
             "sampled": sampled, "not_done": {k: v for k, v in states.items() if k != "done"},
             "load": load0}

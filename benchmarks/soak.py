@@ -119,6 +119,20 @@ def _quiet(argv: list[str], calls: int) -> list[float]:
     return [_timed(argv) for _ in range(calls)]
 
 
+def _dashboard_poll(state: Path, since: float | None, calls: int) -> list[float]:
+    """The web dashboard's reads at each poll (status, jobs, runs), over the API: with
+    `since`, its window; None, every job and run (as it read before the window)."""
+    client = BrokerClient(socket_path(state), timeout=300)
+    window = "" if since is None else f"?since={since}"
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        for path in ("/v1/status", f"/v1/jobs{window}", f"/v1/runs{window}"):
+            client.get(path)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def _start(state: Path, gpus: int, env: dict | None) -> tuple[subprocess.Popen, float]:
     t0 = time.perf_counter()
     proc = start_broker(state, "marble", gpus, 1.0, env=env)
@@ -189,6 +203,10 @@ def soak(state: Path, jobs: int, batch: int, gpus: int, pause: float, quiet_call
         job = str(submitted[len(submitted) // 2])
         out["status_quiet"] = _lat(_quiet([*_marble(state), "status"], quiet_calls))
         out["logs_quiet"] = _lat(_quiet([*_marble(state), "logs", job], quiet_calls))
+        # every job ended in the last minutes: since=now is the window of an allocation
+        # whose history ended over an hour ago (what the page asks for then)
+        out["dashboard_all"] = _lat(_dashboard_poll(state, None, quiet_calls))
+        out["dashboard_window"] = _lat(_dashboard_poll(state, time.time(), quiet_calls))
         out["stop_s"] = round(_stop(proc), 2)
     finally:
         if proc.poll() is None:
@@ -256,6 +274,8 @@ def report(fig: dict) -> str:
         f"marble logs,   under load: {lat('logs_loaded')}",
         f"marble status, quiet:      {lat('status_quiet')}",
         f"marble logs,   quiet:      {lat('logs_quiet')}",
+        f"dashboard poll, every job: {lat('dashboard_all')}",
+        f"dashboard poll, window:    {lat('dashboard_window')}",
         f"RSS: start {fig['rss_start_mb']} MB, peak {fig['rss_peak_mb']} MB, drained "
         f"{fig['rss_drained_mb']} MB; after the restart {fig['rss_restart_mb']} MB",
         f"restart: answers after {fig['restart_s']} s (the first start: {fig['start_s']} s); "

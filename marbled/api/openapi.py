@@ -8,6 +8,7 @@ import re
 import sys
 
 from marbled.core.environment import BATCH_PREFIXES, MAX_ENV_BYTES, MAX_ENV_VARS, RUN_VARS
+from marbled.core.errors import Invalid
 from marbled.core.model import JobState
 from marbled.core.spec import (
     MAX_COMMAND_ARGS,
@@ -28,6 +29,7 @@ LOG_STREAMS = ("stdout", "stderr")  # GET /v1/jobs/{id}/log?stream=
 LOG_PAGE = 1024 * 1024  # ... &limit=: the bytes of a page by default
 MAX_LOG_BYTES = 4 * 1024 * 1024  # ... at most, and by default with &tail=
 MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
+MAX_TIME = 1e11  # ?since=: a Unix time in seconds below this (the year 5138)
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
 MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -161,7 +163,26 @@ LOG = _object({
     "job_id": INT, "state": {"enum": STATES}, "runs": {"type": "array", "items": INT},
     "run": {"anyOf": [_ref("Run"), {"type": "null"}]}, "stream": {"enum": ["stdout", "stderr"]},
     "offset": INT, "next_offset": INT, "size": INT, "text": STR})
-RUNS = _object({"runs": {"type": "array", "items": _ref("Run")}, "started_at": TIME})
+RUNS = _object({"runs": {"type": "array", "items": _ref("Run")}, "started_at": TIME,
+                "since": TIME_OR_NULL})
+SINCE = {"name": "since", "in": "query",
+         "description": "only what is unfinished, or ended at this Unix time (seconds) or later: "
+                        "a window on a long history, as the dashboard asks",
+         "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": MAX_TIME}}
+
+
+def parse_since(raw: str | None) -> float | None:
+    """The `since` query parameter (SINCE): a Unix time in seconds; None when absent."""
+    if raw is None:
+        return None
+    try:
+        since = float(raw)
+    except ValueError:
+        since = -1.0
+    if not 0 <= since < MAX_TIME:  # NaN and the infinities fail too
+        raise Invalid("since must be a Unix time in seconds (e.g. 1795930000.5), 0 or more",
+                      "since")
+    return since
 FORECAST = _object({
     "at": TIME, "finish_at": TIME_OR_NULL, "reason": OR_NULL["string"],
     "jobs": {"type": "array", "items": _object({"id": INT, "start_at": TIME,
@@ -317,7 +338,8 @@ def _spec() -> dict:
                             {"name": "after", "in": "query",
                              "description": "only jobs with a greater id (the cursor: the last "
                                             "page's `next`)",
-                             "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}],
+                             "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}},
+                            SINCE],
                         "responses": _answer("jobs", schema=_ref("Jobs"))},
                 "post": {"summary": "submit one job, or {'jobs': [...]} all or none",
                          "requestBody": {"required": True, "content": {"application/json": {
@@ -401,7 +423,8 @@ def _spec() -> dict:
                                                    "parameters": [JOB_ID],
                                                    "responses": _answer("requested", "202",
                                                                         schema=_requested("suspend"))}},
-            "/v1/runs": {"get": {"summary": "every launch segment",
+            "/v1/runs": {"get": {"summary": "every launch segment, or those of a window",
+                                 "parameters": [SINCE],
                                  "responses": _answer("runs", schema=_ref("Runs"))}},
             "/v1/curves": {"get": {
                 "summary": "each model's curve: the profile's, measured by runs, believed",

@@ -2,16 +2,18 @@
 
   GET  /v1/status              broker, nodes, free GPUs, job counts
   POST /v1/jobs                submit: one job object, or {"jobs": [...]}
-  GET  /v1/jobs[?state=S&name=X&limit=N&after=ID]
-                               list jobs (FIFO order): in state S (repeatable), named X, the
-                               first N after job ID; `next` is the `after` of the next page
+  GET  /v1/jobs[?state=S&name=X&limit=N&after=ID&since=T]
+                               list jobs (FIFO order): in state S (repeatable), named X,
+                               unfinished or finished at Unix time T or later, the first N
+                               after job ID; `next` is the `after` of the next page
   GET  /v1/jobs/{id}           one job with its runs
   GET  /v1/jobs/{id}/log[?stream=stdout|stderr&run=R&offset=B&limit=B&tail=N&rank=K]
                                a page of a run's output (the latest run's by default), as
                                JSON with the offset that continues it: clients follow by polling
   POST /v1/jobs/{id}/cancel    cancel a queued or running job
   POST /v1/jobs/{id}/suspend   checkpoint a running job; it resumes when the FIFO reaches it
-  GET  /v1/runs                every launch segment (the schedule)
+  GET  /v1/runs[?since=T]      every launch segment (the schedule); those open or ended at
+                               Unix time T or later (the dashboard's window)
   GET  /v1/curves[?model=M]    each model's curve: profile, measured, believed
   GET  /v1/forecast            when each unfinished job should start and end (simulated)
   POST /v1/shutdown            suspend all running jobs to checkpoints and stop
@@ -55,6 +57,7 @@ from marbled.api.openapi import (
     MAX_PAGE,
     MAX_RANK,
     for_broker,
+    parse_since,
 )
 from marbled.core.admission import in_batch
 from marbled.core.environment import Environment
@@ -238,6 +241,10 @@ def _whole(request: web.Request, name: str, least: int, most: int) -> int | None
     return int(raw)
 
 
+def _since(request: web.Request) -> float | None:
+    return parse_since(request.query.get("since"))
+
+
 def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
               token: str | None = None, metrics: Any = None) -> web.Application:
     """`metrics`: `exposition()` -> (body, content type) and `api_error(status)`."""
@@ -298,7 +305,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         name = request.query.get("name")
         if name is not None and not 0 < len(name) <= MAX_NAME:
             raise Invalid(f"name must be a job's name: 1 to {MAX_NAME} characters", "name")
-        jobs, more = views.jobs(states, after or 0, limit, name)
+        jobs, more = views.jobs(states, after or 0, limit, name, _since(request))
         return web.json_response({"jobs": jobs, "next": more})
 
     @routes.get("/v1/jobs/{job_id}")
@@ -334,7 +341,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
 
     @routes.get("/v1/runs")
     async def runs(request: web.Request) -> web.Response:
-        return web.json_response(views.runs())
+        return web.json_response(views.runs(_since(request)))
 
     @routes.get("/v1/forecast")
     async def forecast(request: web.Request) -> web.Response:

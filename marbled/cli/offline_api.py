@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
 
-from marbled.api.openapi import LOG_PAGE, LOG_STREAMS, MAX_LOG_BYTES
+from marbled.api.openapi import LOG_PAGE, LOG_STREAMS, MAX_LOG_BYTES, parse_since
 from marbled.cli.client import ApiError, BrokerUnreachable
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal
 from marbled.core.model import JobState, Node, Placement, Role, State
@@ -253,8 +253,9 @@ class OfflineApi:
         views = self.views
         if parts == ["v1", "status"]:
             return self.status()
+        since = parse_since((query.get("since") or [None])[-1])
         if parts == ["v1", "runs"]:
-            return views.runs()
+            return views.runs(since)
         if parts == ["v1", "forecast"]:
             return offline_forecast(self.records.clock.time())
         if parts == ["v1", "jobs"]:
@@ -264,7 +265,8 @@ class OfflineApi:
                 if wanted not in known:
                     raise Invalid(f"unknown state '{wanted}'", "state")
             jobs, more = views.jobs(states, _whole(query, "after") or 0,
-                                    _whole(query, "limit"), (query.get("name") or [None])[-1])
+                                    _whole(query, "limit"), (query.get("name") or [None])[-1],
+                                    since)
             return {"jobs": jobs, "next": more}
         if len(parts) in (3, 4) and parts[:2] == ["v1", "jobs"] and parts[2].isdigit():
             job_id = int(parts[2])

@@ -58,10 +58,12 @@ class Views:
         }
 
     def jobs(self, states: tuple[str, ...] = (), after: int = 0, limit: int | None = None,
-             name: str | None = None) -> tuple[list[dict], int | None]:
+             name: str | None = None,
+             since: float | None = None) -> tuple[list[dict], int | None]:
         """Jobs in FIFO (id) order with an id above `after`, in one of `states` (all if
-        none), named `name` (if given), at most `limit`; and the cursor of the next page (the
-        `after` that continues it), None when there is none.
+        none), named `name` (if given), unfinished or finished at `since` or later (if
+        given), at most `limit`; and the cursor of the next page (the `after` that continues
+        it), None when there is none.
 
         The state shown is the live one, which differs from the row's only while a run holds
         GPUs (a suspension under way, a stop): the rows are filtered in SQL by state, with
@@ -72,7 +74,7 @@ class Views:
         while limit is None or len(views) <= limit:
             want = None if limit is None else limit + 1 - len(views)
             rows = b.store.job_page(states=sorted(wanted | HOLDING) if wanted else (),
-                                    also=also, after=after, limit=want, name=name)
+                                    also=also, after=after, limit=want, name=name, since=since)
             views += [v for v in self._page(rows) if not wanted or v["state"] in wanted]
             if not rows or want is None or len(rows) < want:
                 break
@@ -334,9 +336,12 @@ class Views:
         return {"profile": book.system, "learning": b.learner is not None,
                 "models": book.report(model)}
 
-    def runs(self) -> dict:
-        return {"runs": [run_view(r) for r in self.broker.store.runs()],
-                "started_at": self.broker.started_at}
+    def runs(self, since: float | None = None) -> dict:
+        """Every run; with `since`, the runs open or ended at `since` or later."""
+        store = self.broker.store
+        rows = store.runs() if since is None else store.runs_since(since)
+        return {"runs": [run_view(r) for r in rows], "started_at": self.broker.started_at,
+                "since": since}
 
 
 def _check_rank(job, run, rank: int) -> None:

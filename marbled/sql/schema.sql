@@ -36,6 +36,8 @@ CREATE TABLE jobs (
 CREATE INDEX ix_jobs_state ON jobs (state);
 -- `after:` a name: the latest job of that name (made at any start if missing: no new version)
 CREATE INDEX ix_jobs_name ON jobs (name);
+-- what ended since a time: the dashboard's window (?since=; made at any start if missing)
+CREATE INDEX ix_jobs_finished_at ON jobs (finished_at);
 
 -- One row per launch segment: a job suspended once has two runs.
 CREATE TABLE runs (
@@ -62,6 +64,7 @@ CREATE TABLE runs (
 CREATE INDEX ix_runs_job_id ON runs (job_id);
 -- the open runs, which a broker's start adopts (made at any start if missing: no new version)
 CREATE INDEX ix_runs_open ON runs (job_id) WHERE ended_at IS NULL;
+CREATE INDEX ix_runs_ended_at ON runs (ended_at) WHERE ended_at IS NOT NULL;
 
 -- Append-only journal: submitted started resumed suspend-requested acknowledged
 -- suspend-timeout stop done suspended failed cancelled adopted drain placed

@@ -29,12 +29,13 @@ from sqlalchemy import (
     func,
     select,
     text,
+    union_all,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import StaticPool
 
 from marbled.core.environment import Environment
-from marbled.core.model import Job
+from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
 from marbled.store.schema import SCHEMA_VERSION
 
@@ -67,7 +68,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 # table): made at every start if missing.
 INDEXES = ("CREATE INDEX IF NOT EXISTS ix_runs_open ON runs (job_id) WHERE ended_at IS NULL",
            # `after:` a name the broker no longer holds (an ended job) is read from the store
-           "CREATE INDEX IF NOT EXISTS ix_jobs_name ON jobs (name)")
+           "CREATE INDEX IF NOT EXISTS ix_jobs_name ON jobs (name)",
+           # what ended since T (the dashboard's window: GET /v1/jobs?since, /v1/runs?since)
+           "CREATE INDEX IF NOT EXISTS ix_jobs_finished_at ON jobs (finished_at)",
+           "CREATE INDEX IF NOT EXISTS ix_runs_ended_at ON runs (ended_at) "
+           "WHERE ended_at IS NOT NULL")
 
 
 class SchemaError(RuntimeError):
@@ -100,7 +105,7 @@ class JobRow(Base):
     suspensions: Mapped[int] = mapped_column(Integer, default=0)
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
-    finished_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, index=True)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(String)
     chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
@@ -112,7 +117,10 @@ class JobRow(Base):
 class RunRow(Base):
     __tablename__ = "runs"
     # the open runs (a broker's start adopts them) without a scan of every run ever
-    __table_args__ = (Index("ix_runs_open", "job_id", sqlite_where=text("ended_at IS NULL")),)
+    # and those that ended since a time (partial: the open ones keep to ix_runs_open)
+    __table_args__ = (Index("ix_runs_open", "job_id", sqlite_where=text("ended_at IS NULL")),
+                      Index("ix_runs_ended_at", "ended_at",
+                            sqlite_where=text("ended_at IS NOT NULL")))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     node: Mapped[str] = mapped_column(String(128))
@@ -275,16 +283,23 @@ class Store:
             return list(s.scalars(q))
 
     def job_page(self, *, states: Collection[str] = (), also: Collection[int] = (),
-                 after: int = 0, limit: int | None = None, name: str | None = None) -> list:
+                 after: int = 0, limit: int | None = None, name: str | None = None,
+                 since: float | None = None) -> list:
         """`jobs` rows in id (FIFO) order as light records (attributes as JobRow's): those
         with an id above `after`, in one of `states` (all if none) or with an id in `also`,
-        named `name` if given, at most `limit`. Plain SQL on the writer's connection (the
-        loop thread's): 10,000 rows in tens of milliseconds, where ORM objects take ten
-        times that."""
+        named `name` if given, unfinished or finished at `since` or later if given, at most
+        `limit`. Plain SQL on the writer's connection (the loop thread's): 10,000 rows in
+        tens of milliseconds, where ORM objects take ten times that."""
         where, args = ["id > ?"], [after]
         if name is not None:
             where.append("name = ?")
             args.append(name)
+        if since is not None:  # through ix_jobs_state and ix_jobs_finished_at, as a subquery:
+            # with an OR, SQLite scanned every job in id order (20,000 jobs: 1.7 -> 0.01 ms)
+            live = [s.value for s in JobState if not s.finished]
+            where.append(f"id IN (SELECT id FROM jobs WHERE state IN ({', '.join('?' * len(live))})"
+                         " UNION ALL SELECT id FROM jobs WHERE finished_at >= ?)")
+            args += [*live, since]
         if states:
             either = [f"state IN ({', '.join('?' * len(states))})"]
             args += list(states)
@@ -338,6 +353,16 @@ class Store:
 
     def runs(self, job_id: int | None = None) -> list[RunRow]:
         return self._of_job(RunRow, job_id, RunRow.started_at, RunRow.id)
+
+    def runs_since(self, since: float) -> list[RunRow]:
+        """The runs open, or ended at `since` or later, in start order (ix_runs_open and
+        ix_runs_ended_at: no scan of every run ever)."""
+        # a subquery of the two: with an OR, SQLite scanned every run
+        ids = union_all(select(RunRow.id).where(RunRow.ended_at.is_(None)),
+                        select(RunRow.id).where(RunRow.ended_at >= since))
+        with self.tx() as s:
+            return list(s.scalars(select(RunRow).where(RunRow.id.in_(ids))
+                                  .order_by(RunRow.started_at, RunRow.id)))
 
     def open_runs(self) -> list[RunRow]:
         """The runs not recorded as ended (ix_runs_open: no scan of every run ever)."""

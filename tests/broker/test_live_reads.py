@@ -134,7 +134,13 @@ async def test_a_start_reads_only_the_open_runs_and_ended_jobs_still_count(tmp_p
 @pytest.mark.parametrize("index, query", [
     ("ix_runs_open", "SELECT * FROM runs WHERE ended_at IS NULL"),
     # `after:` a name the broker no longer holds (an ended job's): Store.job_named
-    ("ix_jobs_name", "SELECT max(id) FROM jobs WHERE name = 'a'")])
+    ("ix_jobs_name", "SELECT max(id) FROM jobs WHERE name = 'a'"),
+    # the dashboard's window (?since=): Store.runs_since, Store.job_page(since=)
+    ("ix_runs_ended_at", "SELECT * FROM runs WHERE id IN (SELECT id FROM runs WHERE "
+                         "ended_at IS NULL UNION ALL SELECT id FROM runs WHERE ended_at >= 5)"),
+    ("ix_jobs_finished_at", "SELECT id FROM jobs WHERE id IN (SELECT id FROM jobs WHERE "
+                            "state IN ('queued') UNION ALL SELECT id FROM jobs WHERE "
+                            "finished_at >= 5)")])
 def test_an_index_added_since_its_table_is_made_on_an_older_store_and_used(tmp_path, index,
                                                                              query):
     Store(tmp_path / "marble.db").close()

@@ -132,3 +132,43 @@ def test_pages_cover_the_fifo_and_filter_by_the_state_shown(daemon):
     doc = json.loads(subprocess.run([*marble, "--all", "--json"], capture_output=True,
                                     text=True, check=True).stdout)
     assert [j["id"] for j in doc["jobs"]] == list(range(1, 27))
+
+
+def test_since_windows_jobs_and_runs_on_what_is_live_and_what_ended_after(daemon, tmp_path):
+    """The dashboard's window (?since=T): unfinished jobs and open runs always, ended ones
+    only if they ended at T or later; the same from the store when no broker runs."""
+    daemon.client.post("/v1/jobs", {"jobs": [{"gpus": 1, "command": ["true"]}] * 5})
+    daemon.wait_for(lambda: all(j["state"] == "done" for j in daemon.jobs()),
+                    what="the first five done")
+    cut = time.time()
+    time.sleep(0.05)
+    daemon.client.post("/v1/jobs", {"jobs": [{"gpus": 1, "command": ["true"]},
+                                             {"gpus": 1, "command": ["sleep", "30"]}]})
+    daemon.wait_for(lambda: [j["state"] for j in daemon.jobs()][5:] == ["done", "running"],
+                    what="job 6 done and job 7 running")
+    jobs = daemon.client.get(f"/v1/jobs?since={cut}")
+    assert [(j["id"], j["state"]) for j in jobs["jobs"]] == [(6, "done"), (7, "running")]
+    runs = daemon.client.get(f"/v1/runs?since={cut}")
+    assert [(r["job_id"], r["ended_at"] is None) for r in runs["runs"]] == [
+        (6, False), (7, True)]
+    assert runs["since"] == cut
+    assert len(daemon.client.get("/v1/runs")["runs"]) == 7  # no window: every run
+    assert [j["id"] for j in daemon.client.get(f"/v1/jobs?since={time.time() + 60}")[
+        "jobs"]] == [7]  # the future: what is unfinished
+    page = daemon.client.get(f"/v1/jobs?since={cut}&state=done&limit=1")
+    assert [j["id"] for j in page["jobs"]] == [6] and page["next"] is None
+    for bad in ("since=-1", "since=x", "since=nan", "since=inf", "since=1e12"):
+        for route in ("jobs", "runs"):
+            with pytest.raises(ApiError) as refused:
+                daemon.client.get(f"/v1/{route}?{bad}")
+            assert refused.value.status == 400 and refused.value.field == "since", bad
+            assert "Unix time" in str(refused.value)
+    daemon.client.post("/v1/jobs/7/cancel")
+    daemon.wait_for(lambda: daemon.jobs()[6]["state"] == "cancelled", what="job 7 cancelled")
+    daemon.stop()
+    from marbled.cli.offline_api import OfflineApi
+
+    offline = OfflineApi(daemon.state_dir)  # no broker: the store answers the same
+    assert [j["id"] for j in offline.get(f"/v1/jobs?since={cut}")["jobs"]] == [6, 7]
+    assert [r["job_id"] for r in offline.get(f"/v1/runs?since={cut}")["runs"]] == [6, 7]
+    assert len(offline.get(f"/v1/runs?since={time.time() + 60}")["runs"]) == 0

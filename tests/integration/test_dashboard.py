@@ -278,3 +278,36 @@ def test_the_header_says_when_the_store_refuses_writes(listening, browser):
         "renderHeader(arguments[0]); const e = document.getElementById('storage');"
         "return e && [e.textContent, e.title]", full)
     assert chip == ["storage: 3 write(s) held", full["storage"]["reason"]]
+
+
+def test_the_page_shows_a_window_of_a_long_history(listening, browser):
+    """#window=SECONDS: the page asks for what is unfinished and what ended in that last
+    stretch (?since=), draws only those jobs and runs, and says how many ended before."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d, url, token = listening
+    d.client.post("/v1/jobs", {"jobs": [{"gpus": 1, "command": ["true"]}] * 12})
+    d.wait_for(lambda: all(j["state"] == "done" for j in d.jobs()), what="12 jobs done")
+    time.sleep(2.5)  # they ended over 2 s ago
+    d.submit({"gpus": 1, "command": ["sleep", "60"], "name": "live"})
+    d.wait_for(lambda: d.jobs()[-1]["state"] == "running", what="the live job running")
+    browser.get(f"{url}/dashboard#token={token}&window=2")
+
+    def shown() -> tuple[list[str], set[int], str]:
+        return (browser.execute_script(
+            "return [...document.querySelectorAll('#jobs tr[data-job-id]')]"
+            ".map(r => r.dataset.jobId)"),
+            {int(e.get_attribute("data-run-id"))
+             for e in browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")},
+            browser.find_element(By.ID, "jobs-note").text)
+
+    WebDriverWait(browser, 30, poll_frequency=0.2).until(
+        lambda _: shown()[0] == ["13"], message=f"the page showed {shown()}")
+    jobs, bars, note = shown()
+    (live_run,) = [r["id"] for r in d.client.get("/v1/runs")["runs"] if r["job_id"] == 13]
+    assert bars == {live_run}
+    assert "12 more ended over 2.0 s ago" in note, note
+    d.client.post("/v1/jobs/13/cancel")
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

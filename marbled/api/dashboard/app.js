@@ -24,6 +24,10 @@ const STATE_ORDER = ["running", "suspending", "queued", "suspended", "done", "fa
 const SVG_NS = "http://www.w3.org/2000/svg";
 const LOG_LINES = 500;  // the log tab: the tail of the job's latest run, this many lines
 const LOG_BYTES = 262144;  // ... within this many bytes
+// The page asks for what is unfinished and what ended in this last stretch (?since=): a
+// long allocation's history (20,000 jobs) is neither fetched nor drawn at every poll.
+// #window=SECONDS in the address sets another.
+const WINDOW_S = 3600;
 
 const ui = {
   token: null,
@@ -38,6 +42,7 @@ const ui = {
   forecastAt: 0,
   forecastKey: "",
   skew: 0,  // the broker's clock minus ours (seconds), from the Date header
+  window: WINDOW_S,  // seconds of history shown (#window=)
   floor: 0,  // the latest time the broker reported: "now" is never before it
   rates: new Map(),  // job id -> {run, samples: [{t, step}]}, for the estimates
   polls: 0,
@@ -121,6 +126,11 @@ class ApiError extends Error {
   }
 }
 
+function windowFromAddress() {
+  const asked = Number(new URLSearchParams(location.hash.replace(/^#/, "")).get("window"));
+  return asked > 0 && isFinite(asked) ? asked : WINDOW_S;
+}
+
 function takeToken() {
   const params = new URLSearchParams(location.hash.replace(/^#/, ""));
   let token = params.get("token");
@@ -177,8 +187,9 @@ async function poll() {
   try {
     if (ui.polls === 0) await detectForecast();
     const selected = ui.selected;
+    const since = Math.max(0, now() - ui.window).toFixed(3);
     const [status, jobs, runs, detail] = await Promise.all([
-      api("status"), api("jobs"), api("runs"),
+      api("status"), api(`jobs?since=${since}`), api(`runs?since=${since}`),
       selected == null ? null : optional(api(`jobs/${selected}`)),
     ]);
     const key = jobs.jobs.map((j) => `${j.id}:${j.state}`).join(",");
@@ -664,7 +675,10 @@ function renderJobs(t0, forecastEnds) {
   }).join("");
   const running = jobs.filter((j) => j.state === "running").length;
   const done = jobs.filter((j) => FINAL.has(j.state)).length;
-  $("jobs-note").textContent = `${jobs.length} jobs · ${running} running · ${done} ended · FIFO order`;
+  const all = Object.values(ui.data.status.jobs || {}).reduce((a, b) => a + b, 0);
+  const older = all > jobs.length
+    ? ` · ${all - jobs.length} more ended over ${duration(ui.window)} ago (marble status --all)` : "";
+  $("jobs-note").textContent = `${jobs.length} jobs · ${running} running · ${done} ended${older} · FIFO order`;
 }
 
 function renderQueue(forecastEnds) {
@@ -872,4 +886,5 @@ window.addEventListener("resize", () => {
 });
 
 ui.token = takeToken();
+ui.window = windowFromAddress();
 poll();
