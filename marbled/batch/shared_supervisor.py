@@ -102,7 +102,10 @@ def start(request: dict, sock_fd: int) -> tuple[Child | None, dict | None]:
     (then nothing: the next broker finds no process and no record, and runs it again); the
     child (None if it did not start) and the answer."""
     env = request["env"]
-    lock = supervise.launch_lock(env["MARBLE_RUN_DIR"]) if "MARBLE_RUN_DIR" in env else -1
+    try:
+        lock = supervise.launch_lock(env["MARBLE_RUN_DIR"]) if "MARBLE_RUN_DIR" in env else -1
+    except OSError:  # no directory (the start fails below and says why), or no locks there
+        lock = -1
     try:
         if broker_gone(sock_fd):
             return None, None
