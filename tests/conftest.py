@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -197,6 +198,25 @@ def daemon_factory(tmp_path):
     for d in started:
         if d.proc.poll() is None:
             d.stop()
+    for state_dir in {d.state_dir for d in started}:
+        kill_left_runs(state_dir)
+
+
+def kill_left_runs(state_dir: Path) -> None:
+    """End the runs a test's brokers left open: a broker killed with SIGKILL and not
+    followed by another leaves its runs alive (a `sleep 600` outlived its test)."""
+    from marbled.batch.base import process_start_time
+
+    try:
+        with sqlite3.connect(state_dir / DB_NAME) as con:
+            rows = con.execute("SELECT pid, pid_start FROM runs WHERE ended_at IS NULL "
+                               "AND pid IS NOT NULL").fetchall()
+    except sqlite3.Error:
+        return
+    for pid, start in rows:
+        if process_start_time(pid) == start:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
 from marbled.paths import DB_NAME, socket_path
-from tests.conftest import start_daemon
+from tests.conftest import kill_left_runs, start_daemon
 
 pytestmark = pytest.mark.daemon
 
@@ -81,6 +81,7 @@ def test_every_job_answered_201_survives_a_kill_during_concurrent_submissions(tm
             assert all(listed.get(i) == n for i, n in answered)
         finally:
             again.stop(signal.SIGKILL)
+            kill_left_runs(state)  # the holder, which outlives two kills
 
 
 def test_pages_cover_the_fifo_and_filter_by_the_state_shown(daemon):

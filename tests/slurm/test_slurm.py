@@ -321,13 +321,15 @@ def test_a_job_step_runs_where_its_job_was_submitted_from(daemon_factory, alloca
 
 def test_marble_profile_runs_each_count_as_a_job_step(allocate, tmp_path):
     """`marble profile` in an allocation: every count (and the resume) is its own job step on
-    the node, with the GPUs Slurm gave it, and the curve comes out of those steps."""
+    the node, with the GPUs Slurm gave it, and the curve comes out of those steps. 300 steps
+    a count: with 60 (0.2 s at time scale 0.01, four progress reports) a loaded machine once
+    timed the 1-GPU count at the 2-GPU rate."""
     job = allocate(*ONE_NODE)
     node = allocated_node(job)
     work = tmp_path / "work"
     out = subprocess.run(
         [sys.executable, "-m", "marbled.cli.client_cmd", "profile", "--model", "resnet-50",
-         "--launcher", "slurm", "--gpus", "1-3", "--steps", "60", "--time-scale", "0.01",
+         "--launcher", "slurm", "--gpus", "1-3", "--steps", "300", "--time-scale", "0.01",
          "--workdir", str(work), "--output", str(tmp_path / "p.yaml"), "--json", "--",
          sys.executable, "-m", "marbled.worker.emulate", "--profile", "summit-v100",
          "--time-scale", "0.01"],
