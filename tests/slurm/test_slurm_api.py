@@ -117,6 +117,11 @@ def test_a_step_scancelled_is_recorded_with_slurms_reason(daemon_factory, alloca
     placed = d.wait_for(lambda: d.query("SELECT data FROM events WHERE kind = 'placed'"),
                         what="the step")
     step = f"{job}.{json.loads(placed[0]['data'])['step']}"
+    # the step's task reports before slurmctld may list the step: a scancel at once was
+    # refused once ("job_step_signal: JobId=521 StepId=0 not found", exit 225)
+    d.wait_for(lambda: subprocess.run(["scontrol", "show", "step", step],
+                                      capture_output=True).returncode == 0,
+               what=f"slurmctld to know step {step}")
     subprocess.run(["scancel", step], check=True)
     (failed,) = d.wait_all(timeout=60)
     assert failed["state"] == "failed"
