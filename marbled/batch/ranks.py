@@ -93,8 +93,6 @@ def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
     socks: list[socket.socket] = []
     try:
         for _ in range(100 * count):
-            if len(socks) == count:
-                break
             port = low + int.from_bytes(os.urandom(4), "big") % (high - low + 1)
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
@@ -103,9 +101,9 @@ def free_ports(count: int, host: str = LOCAL_ADDR) -> list[int]:
                 s.close()
                 continue
             socks.append(s)
-        else:
-            raise OSError(f"no {count} free TCP ports in {low}-{high} on {host}")
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == count:
+                return [s.getsockname()[1] for s in socks]
+        raise OSError(f"no {count} free TCP ports in {low}-{high} on {host}")
     finally:
         for s in socks:
             s.close()

@@ -52,13 +52,14 @@ def wait_for(predicate, timeout: float = 10.0):
 def test_one_supervisor_starts_every_run_as_its_own_group_and_records_each_exit(tmp_path):
     async def main():
         launcher = LocalLauncher(shared=True)
-        runs = [await launcher.launch(request(tmp_path / str(i), "sh", "-c",
-                                              f"echo out {i}; echo err {i} >&2; exit {i}",
-                                              run_id=i))
+        runs = [await launcher.launch(request(
+                    tmp_path / str(i), "sh", "-c",
+                    f"echo out {i}; echo err {i} >&2; sleep 1; exit {i}", run_id=i))
                 for i in range(4) if (tmp_path / str(i)).mkdir() is None]
         assert all(isinstance(r, SpawnedRun) for r in runs)
-        groups = [(os.getsid(r.pid), os.getpgid(r.pid)) for r in runs if r.signal(0)]
-        supervisors = {parent(r.pid) for r in runs if r.signal(0)}
+        # each still runs (1 s): every one is looked at, none left out for having ended
+        groups = [(os.getsid(r.pid), os.getpgid(r.pid)) for r in runs]
+        supervisors = {parent(r.pid) for r in runs}
         codes = [await r.wait() for r in runs]
         launcher.close()
         return runs, groups, supervisors, codes
@@ -152,8 +153,9 @@ def test_a_killed_supervisor_leaves_its_runs_watched_and_the_next_launch_starts_
         os.kill(first, signal.SIGKILL)
         code = await run.wait()
         (tmp_path / "b").mkdir()
-        again = await launcher.launch(request(tmp_path / "b", "sh", "-c", "exit 6", run_id=8))
-        second = parent(again.pid) if again.signal(0) else None
+        again = await launcher.launch(request(tmp_path / "b", "sh", "-c", "sleep 0.5; exit 6",
+                                              run_id=8))
+        second = parent(again.pid)
         codes = (code, await again.wait())
         launcher.close()
         return codes, first, second
