@@ -7,7 +7,7 @@ next broker adopts the run, but the run is not its child, so the exit status is 
 to see. This process is: the leader of the run's own session and process group (as the
 run's process was before), it starts ARGV as its child in that group, waits for it,
 writes `{"run_id", "code", "at", "pid"}` to the run's exit file (`exit_file`: in
-MARBLE_RUN_DIR, named by MARBLE_RUN_ID) atomically and durably, and exits as the child
+MARBLE_RUN_DIR, named by MARBLE_RUN_ID) durably, and exits as the child
 did: with its code, or killed by the same signal. `code` is what the broker's outcome
 reads (`core/outcome.py`): the exit code, or minus the signal that ended the child.
 
@@ -43,9 +43,6 @@ STEP_FLAG = "--step"  # before ARGV: a step command's exit, as step_exit_code re
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP)
 
 
-LAUNCH_LOCK = "launching.lock"  # in a job's directory: see launch_lock
-
-
 def launch_lock(run_dir: str) -> int:
     """Hold the launch lock of a job's directory (blocking); close the descriptor to let go.
 
@@ -55,7 +52,9 @@ def launch_lock(run_dir: str) -> int:
     either found by the next broker, or never started: not started behind its back."""
     import fcntl  # only these two callers lock
 
-    fd = os.open(os.path.join(run_dir, LAUNCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    # the job's directory is the lock (flock on its descriptor): no file to create, where
+    # a file's creation cost 0.2-0.5 ms of CPU on the ext4 measured (issue 32)
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
@@ -80,20 +79,23 @@ def exit_record(run_id: int | str, code: int, at: float, pid: int) -> str:
 
 
 def write_exit(run_dir: str, run_id: int | str, code: int) -> None:
-    """Record run `run_id`'s exit `code` in `run_dir`, atomically and durably: a reader sees
-    no file or the whole one, and it survives the host's crash once this returns."""
-    path = os.path.join(run_dir, exit_file_name(run_id))
-    tmp = os.path.join(run_dir, f".{exit_file_name(run_id)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Record run `run_id`'s exit `code` in `run_dir`, durably: it survives the host's crash
+    once this returns. Written in place, in one write, not to a temporary file renamed over
+    it (a file's creation costs 0.2-0.5 ms of CPU here, and this is one per run): a record
+    read before it is whole (empty, or torn by a kill midway) does not parse, and
+    `read_exit` takes it as none, as it took no file. The writers keep that window closed
+    to the broker: a shared supervisor reaps the process after this returns, and a broker
+    that sees the process as a zombie waits for the record."""
+    dfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.write(fd, exit_record(run_id, code, time.time(), os.getpid()).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(run_dir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
+        fd = os.open(os.path.join(run_dir, exit_file_name(run_id)),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, exit_record(run_id, code, time.time(), os.getpid()).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.fsync(dfd)  # the file's name, too
     finally:
         os.close(dfd)
 

@@ -251,3 +251,35 @@ def test_a_run_whose_pid_was_never_recorded_is_found_under_the_launch_lock(tmp_p
 
     pid, found = asyncio.run(main())
     assert found == pid
+
+
+def test_an_exit_record_that_is_not_whole_reads_as_none(tmp_path):
+    """Exit files are written in place, not renamed into place (one file creation a run
+    fewer): one read before its write, or torn by a kill midway, must read as no record,
+    as no file does, never as a code."""
+    write_exit(str(tmp_path), 5, 3)
+    whole = (tmp_path / "exit-5.json").read_bytes()
+    assert read_exit(tmp_path, 5) == 3 and not list(tmp_path.glob(".*"))  # no temporary left
+    for torn in (b"", whole[:len(whole) // 2], whole[:-3]):
+        (tmp_path / "exit-5.json").write_bytes(torn)
+        assert read_exit(tmp_path, 5) is None, torn
+
+
+def test_the_launch_lock_is_the_job_directory_itself(tmp_path):
+    """The lock creates no file in the job's directory, and still excludes: a second holder
+    waits until the first lets go."""
+    first = launch_lock(str(tmp_path))
+    got = threading.Event()
+
+    def second() -> None:
+        os.close(launch_lock(str(tmp_path)))
+        got.set()
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    try:
+        assert not got.wait(0.3) and list(tmp_path.iterdir()) == []
+    finally:
+        os.close(first)
+    assert got.wait(5)
+    waiter.join()
