@@ -134,7 +134,8 @@ class Broker:
         `coalesce_max_s` in all: short jobs that end a few ms apart (their processes started
         a few ms apart) are one decision, as the simulator takes the ends of one instant, so
         a neighbour is not resized, nor a run started and reshaped, at each of their ends.
-        With no other run due, the decision waits for the quiet period alone."""
+        With no other run due, the decision waits for the quiet period alone; with no run
+        left at all (live or being started), for nothing: no other end can come."""
         quiet, loop = self.config.coalesce_s, asyncio.get_running_loop()
         first = loop.time()
         give_up = first + self.config.coalesce_max_s
@@ -142,7 +143,7 @@ class Broker:
         due: set[int] = set()
         waited_for: set[int] = set()
         while (self._ending or due & self.runs.live.keys()) and quiet > 0 \
-                and loop.time() < give_up:
+                and (self.runs.live or self.runs.launching) and loop.time() < give_up:
             began = loop.time()
             if self._ending:  # forecasts are read again at each end (a stat per live run)
                 self._ending = False

@@ -75,3 +75,34 @@ async def test_without_the_quiet_period_nor_the_guard_it_is_resized_at_every_end
 async def test_a_second_reshape_within_the_window_is_refused_and_logged(tmp_path):
     counts, events = await long_job_counts(tmp_path, coalesce_s=0.0, reshape_window=1.0)
     assert counts == [1, 2] and events.count("reshape-refused") == 1
+
+
+async def _start_after_an_end(tmp_path, last: bool) -> float:
+    """Two 1-GPU commands run on 2 GPUs and a third waits (`last`: it needs both GPUs, and
+    the second run has ended before). The first run ends: how long (real s) the third waits
+    to start, with a quiet period of 0.3 s."""
+    async with running_broker(tmp_path, gpus=2, coalesce_s=0.3) as h:
+        first, second = (h.submit(command=["true"], gpus=1) for _ in range(2))
+        third = h.submit(command=["true"], gpus=2 if last else 1)
+        await pump()
+        if last:
+            of_job(h, second)[0].exit(0)
+            await asyncio.sleep(0.5)  # its quiet period is over: the third did not fit
+            assert not of_job(h, third)
+        began = asyncio.get_running_loop().time()
+        of_job(h, first)[0].exit(0)
+        while not of_job(h, third):
+            await asyncio.sleep(0.005)
+        return asyncio.get_running_loop().time() - began
+
+
+@in_loop
+async def test_the_quiet_period_is_waited_while_another_run_could_end(tmp_path):
+    assert await _start_after_an_end(tmp_path, last=False) >= 0.3
+
+
+@in_loop
+async def test_after_the_last_run_ends_no_quiet_period_is_waited(tmp_path):
+    """No run is left to end: nothing can come to be decided together, so the queue's next
+    job starts at once (trivial jobs: each round of six 4 ms shorter; issue 32)."""
+    assert await _start_after_an_end(tmp_path, last=True) < 0.2
