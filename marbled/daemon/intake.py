@@ -15,7 +15,7 @@ from marbled.core.errors import Never, NotFound, Unavailable
 from marbled.core.evolve import evolve
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
-from marbled.daemon.memory import TRIM_EVERY, give_back_freed
+from marbled.daemon.memory import TRIM_EVERY, compact, give_back_freed
 from marbled.paths import workdir_problem
 from marbled.store.db import Store, request_digest
 
@@ -194,4 +194,5 @@ class Intake:
         # what they held, back to the system once the state is empty or many have left
         if self.left_since_trim and (not b.state.jobs or self.left_since_trim >= TRIM_EVERY):
             self.left_since_trim = 0
+            compact(b.state, b.ledger, b.runs, b.files, b)
             give_back_freed()

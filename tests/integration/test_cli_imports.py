@@ -17,10 +17,11 @@ pytestmark = pytest.mark.daemon
 
 # What the fast commands must never import: the job's checks and the profiles (the
 # broker's), the simulator's model and learning, the broker's dependencies, and `secrets`
-# (hmac and random with it: 3 ms of a 50 ms submit, for one idempotency key)
+# (hmac and random with it: 3 ms of a 50 ms submit, for one idempotency key), and
+# `hashlib` (OpenSSL's: 2.3 ms, for the environment's digest, which only the broker makes)
 HEAVY = ("marbled.core.spec", "marbled.core.profiles", "marbled.core.model",
          "marbled.core.target", "marbled.core.learning", "marbled.cli.offline_api",
-         "aiohttp", "sqlalchemy", "yaml", "numpy", "secrets")
+         "aiohttp", "sqlalchemy", "yaml", "numpy", "secrets", "hashlib")
 
 RUN = """
 import json, sys
