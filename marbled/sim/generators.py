@@ -20,7 +20,9 @@ The arrivals span the time in which the cluster would serve the offered `load` o
 jobs ask for (requests x durations, as the jobs would run as asked). A job's steps are its duration
 at its model's throughput on its request, so `rigid` (the share `rigid_share`, which keep
 their request) runs it for that duration; the others are `auto`. A request larger than a
-node is a job on several whole nodes, if the cluster has them, else one node's GPUs.
+node asks for one node's GPUs (so that every policy can run the trace), or with
+`whole_nodes` for several whole nodes, if the cluster has them (rigid: a job on several
+nodes keeps its shape; only the multi-node policies run such a trace).
 
 `together` draws job sets submitted at once: `jobs` jobs of random models and lengths,
 all at t = 0 (Pollux-like sets, `MULTI_MODELS` of policy_matrix on 4-GPU nodes).
@@ -70,7 +72,8 @@ def _check(name: str, value: object, low: float, high: float = math.inf) -> None
 
 def production(seed: int, *, book: ProfileBook, nodes: int, gpus_per_node: int, load: float,
                jobs: int | None = None, models: Sequence[str] | None = None,
-               rigid_share: float = 0.3, stats: ClusterStats = PRODUCTION) -> list[Arrival]:
+               rigid_share: float = 0.3, whole_nodes: bool = False,
+               stats: ClusterStats = PRODUCTION) -> list[Arrival]:
     """A production-shaped trace of `jobs` jobs (default: 40 a node) on `nodes` x
     `gpus_per_node` GPUs, on the profile's `models` (default: all), at offered `load`
     (0 < load <= 2): the arrivals span exactly the time in which the cluster's GPUs would
@@ -108,15 +111,16 @@ def production(seed: int, *, book: ProfileBook, nodes: int, gpus_per_node: int, 
                                                    if k else 1.0), rigid)
                        for k in range(size)])
         drawn += size
-    asked = sum(min(r, nodes * gpus_per_node) * s for b in bursts for _, r, s, _ in b)
+    widest = nodes * gpus_per_node if whole_nodes else gpus_per_node  # what a job may get
+    asked = sum(min(r, widest) * s for b in bursts for _, r, s, _ in b)
     span = asked / (load * nodes * gpus_per_node)
     times = sorted(_diurnal(rng, len(bursts), span, stats.diurnal))
     out = []
     for t, burst in zip(times, bursts, strict=True):
         for k, (model, request, seconds, rigid) in enumerate(burst):
             at = t + (rng.uniform(0, stats.sweep_within_s) if k else 0.0)
-            out.append(Arrival(at, _job(book, model, request, seconds, rigid, nodes,
-                                        gpus_per_node)))
+            out.append(Arrival(at, _job(book, model, request, seconds, rigid,
+                                        nodes if whole_nodes else 1, gpus_per_node)))
     out.sort(key=lambda a: a.at)
     return out
 
@@ -135,7 +139,7 @@ def _diurnal(rng: random.Random, n: int, span: float, swing: float) -> list[floa
 def _job(book: ProfileBook, model: str, request: int, seconds: float, rigid: bool,
          nodes: int, gpus_per_node: int) -> JobSpec:
     """The job of a request: its steps last `seconds` on the GPUs it asked for (on whole
-    nodes when it asks for more than one has, if the cluster has enough of them)."""
+    nodes when it asks for more than one has, if `nodes` are enough; else on one node)."""
     curve = book.lookup(model)
     spread = request > gpus_per_node and math.ceil(request / gpus_per_node) <= nodes
     on = min(request, gpus_per_node * (math.ceil(request / gpus_per_node) if spread else 1))

@@ -31,8 +31,9 @@ def plan_table(found: Search, results: Sequence[SimResult]) -> str:
     """The best static plan and every policy beside it, as `marble simulate` prints it."""
     how = (f"exhaustive over {found.plans_tried} plans" if found.method == "exhaustive" else
            f"local search, {found.plans_tried} of {found.plans_in_space} plans tried")
-    lines = [f"\nbest static plan ({how}, {found.seconds * 1e3:.0f} ms): GPUs per job in FIFO "
-             f"order {', '.join(map(str, found.best.counts))}",
+    best_for = "makespan" if found.objective == "makespan" else "average JCT"
+    lines = [f"\nbest static plan for {best_for} ({how}, {found.seconds * 1e3:.0f} ms): GPUs "
+             f"per job in FIFO order {', '.join(map(str, found.best.counts))}",
              f"  makespan {found.best.makespan:.1f} s, average JCT "
              f"{found.best.average_jct:.1f} s"]
     if found.note:
@@ -75,13 +76,14 @@ def static_jobs(book: ProfileBook, arrivals: Sequence[Arrival], gpus_per_node: i
 
 def best_static(book: ProfileBook, arrivals: Sequence[Arrival], gpus_per_node: int,
                 nodes: int = 1, launch_s: float | None = None, suspend_s: float | None = None,
-                *, bound: int = EXHAUSTIVE_PLANS) -> Search:
-    """The best static plan of a job set, its figures from the simulator (`rigid`, each job
-    given its count): what `marble simulate --best-static` prints."""
+                *, bound: int = EXHAUSTIVE_PLANS, objective: str = "makespan") -> Search:
+    """The best static plan of a job set for `objective` ("makespan" or "jct"), its figures
+    from the simulator (`rigid`, each job given its count): what `marble simulate
+    --best-static` prints, for each objective."""
     ordered = sorted(arrivals, key=lambda a: a.at)
     jobs = static_jobs(book, ordered, gpus_per_node, launch_s)
     optima = [book.lookup(a.spec.model).optimal_gpus(gpus_per_node) or 1 for a in ordered]
-    found = search(jobs, gpus_per_node, nodes, bound=bound, starts=[optima])
+    found = search(jobs, gpus_per_node, nodes, bound=bound, starts=[optima], objective=objective)
     planned = [replace(a, spec=replace(a.spec, gpus=k))
                for a, k in zip(ordered, found.best.counts, strict=True)]
     sim = Simulator(book, get_policy("rigid"), gpus_per_node, nodes, launch_s, suspend_s) \

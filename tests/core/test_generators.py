@@ -32,7 +32,7 @@ def _asked(arrivals, nodes: int, gpus_per_node: int) -> tuple[list[int], list[fl
 def test_a_large_trace_holds_its_statistics(seed):
     nodes, per = 16, 6
     arrivals = production(seed, book=BOOK, nodes=nodes, gpus_per_node=per, load=0.95,
-                          jobs=4000, rigid_share=1.0)
+                          jobs=4000, rigid_share=1.0, whole_nodes=True)
     counts, seconds = _asked(arrivals, nodes, per)
     assert len(arrivals) == 4000 and arrivals == sorted(arrivals, key=lambda a: a.at)
     share = collections.Counter(counts)
@@ -73,9 +73,12 @@ def test_the_same_seed_gives_the_same_trace_and_another_seed_another():
 
 
 def test_a_request_larger_than_a_node_runs_on_whole_nodes_or_on_one_node():
-    many = production(5, book=BOOK, nodes=4, gpus_per_node=4, load=0.9, jobs=2000)
+    many = production(5, book=BOOK, nodes=4, gpus_per_node=4, load=0.9, jobs=2000,
+                      whole_nodes=True)
     wide = [a.spec for a in many if a.spec.nodes > 1]
     assert wide and all(s.gpus == 4 and s.nodes in (2, 4) for s in wide)
+    one = production(5, book=BOOK, nodes=4, gpus_per_node=4, load=0.9, jobs=2000)
+    assert all(a.spec.nodes == 1 for a in one)  # by default: every policy can run it
     alone = production(5, book=BOOK, nodes=1, gpus_per_node=4, load=0.9, jobs=500)
     assert all(a.spec.nodes == 1 and (a.spec.gpus or 1) <= 4 for a in alone)
     rigid = sum(a.spec.gpus is not None for a in alone) / len(alone)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -178,6 +179,8 @@ def test_cli_best_static_json_gives_the_plan_and_each_policy_beside_it():
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     plan = doc["best_static"]
+    assert doc["best_static_jct"]["objective"] == "jct" and plan["objective"] == "makespan"
+    assert doc["best_static_jct"]["average_jct_s"] <= plan["average_jct_s"]
     assert len(plan["counts"]) == 3 and plan["search"] == "exhaustive" and plan["note"] is None
     assert plan["plans_tried"] == plan["plans_in_space"] == 216
     assert plan["makespan_s"] <= 399.0
@@ -224,4 +227,72 @@ def test_the_policy_matrix_compares_with_the_best_static_plan(tmp_path):
         assert [p["policy"] for p in c["plan"]["policies"]] == ["adaptive", "marble"]
         assert c["plan"]["search"] == "exhaustive"
     assert cells[0]["plan"]["makespan_s"] == pytest.approx(408.64, abs=0.01)
+    for c in cells:  # and the best plan for JCT, each policy beside it
+        jct = c["plan_jct"]
+        assert jct["objective"] == "jct" and jct["average_jct_s"] <= c["plan"]["average_jct_s"]
+        assert jct["makespan_s"] >= c["plan"]["makespan_s"]
+        assert [p["policy"] for p in jct["policies"]] == ["adaptive", "marble"]
     assert "behind the best static plan's makespan" in done.stdout
+    assert "the average JCT of the best plan for JCT in" in done.stdout
+
+
+def test_the_policy_matrix_runs_the_families_and_keeps_their_seeds_apart(tmp_path):
+    """Issue 33: jobs submitted together, on tuning and held-out seeds that never meet;
+    production-shaped traces by name."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.policy_matrix import SEEDS, arrivals_of, family
+
+    for name in ("production", "together"):
+        assert not set(family(name, "tuning")) & set(family(name, "held-out"))
+        assert not set(SEEDS["tuning"][name]) & set(SEEDS["held-out"][name])
+    arrivals, nodes = arrivals_of("prod-n4-l0.95-s11")
+    assert nodes == 4 and len(arrivals) == 160
+    out = tmp_path / "together.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "policy_matrix.py"), "--family", "together",
+         "--workload", "together-s1", "--workload", "together-s2", "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    cells = json.loads(out.read_text())["costs"]["10/10"]["cells"]
+    assert {(c["workload"], c["policy"]) for c in cells} >= {("together-s1", "elastic"),
+                                                             ("together-s2", "adaptive")}
+
+
+def test_the_jct_reference_is_a_policy_whose_makespan_is_near_the_best():
+    """A policy that buys its JCT with a far longer makespan (as timeslice can) is not the
+    reference the JCT is compared with: only those within 10 % of the best makespan."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.policy_matrix import compare
+
+    cells = [{"policy": p, "workload": "w", "makespan_s": m, "average_jct_s": j}
+             for p, m, j in (("adaptive", 100.0, 60.0), ("timeslice", 150.0, 40.0),
+                             ("elastic", 105.0, 50.0))]
+    row = compare(cells, ["adaptive", "elastic", "timeslice"], ["w"])["per_workload"]["w"]
+    assert row["average_jct_s"]["best_other"] == "elastic"
+    assert row["average_jct_s"]["ratio"] == pytest.approx(60 / 50)
+    assert row["makespan_s"]["best_other"] == "elastic"
+    alone = compare(cells[:2], ["adaptive", "timeslice"], ["w"])["per_workload"]["w"]
+    assert alone["average_jct_s"]["best_other"] == "timeslice"  # none near: the rest
+
+
+def test_the_best_plan_for_average_jct_is_searched_apart_from_the_best_for_makespan():
+    """Issue 33: one short and one long job. The best plan for makespan runs them side by
+    side (1 + 5 GPUs, both end at 500 s); the best for average JCT runs the short job
+    first on every GPU, then the long one: a lower mean, a later end. Each is the best for
+    its own figure over every plan."""
+    book = ProfileBook.from_mapping({"system": "t", "gpus_per_node": 6, "models": {
+        "m": {"steps_per_second": [1.0, 1.9, 2.7, 3.4, 4.0, 4.4]}}})
+    jobs = [Arrival(0.0, JobSpec(emulate=True, model="m", steps=s)) for s in (500, 2000)]
+    span = best_static(book, jobs, 6, 1, 0.0, 0.0)
+    mean = best_static(book, jobs, 6, 1, 0.0, 0.0, objective="jct")
+    assert (span.objective, mean.objective) == ("makespan", "jct")
+    assert span.best.counts == (1, 5) and mean.best.counts == (6, 6)
+    assert mean.best.average_jct == pytest.approx((500 / 4.4 + 2500 / 4.4) / 2)
+    assert mean.best.average_jct < span.best.average_jct
+    assert mean.best.makespan > span.best.makespan
+    every = [fifo_plan(static_jobs(book, jobs, 6, 0.0), c, 6) for c in
+             itertools.product(range(1, 7), repeat=2)]
+    assert span.best.makespan == pytest.approx(min(m for m, _ in every))
+    assert mean.best.average_jct == pytest.approx(min(j for _, j in every))
+    with pytest.raises(ValueError, match="objective: one of makespan, jct"):
+        search(static_jobs(book, jobs, 6, 0.0), 6, objective="wait")
