@@ -15,6 +15,8 @@ from marbled.core.spec import SpecError
 from marbled.core.target import gpus_text
 from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workload_path
 
+POISSON_MODELS = "resnet-50,inception-v3,resnet-101,vgg-16"  # --poisson's default mix
+
 
 @click.command()
 @click.option("--policy", "policies", multiple=True, type=click.Choice(sorted(POLICIES)),
@@ -25,14 +27,26 @@ from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workl
                    "a name in workloads/ such as paper-jobset3.")
 @click.option("--poisson", "poisson_jobs", type=click.IntRange(1), default=None,
               help="Instead of --workload: N synthetic jobs with Poisson arrivals.")
+@click.option("--production", "production_jobs", type=click.IntRange(1), default=None,
+              help="Instead of --workload: N jobs shaped like a production cluster's (most "
+                   "on 1 GPU, heavy-tailed durations, daily swings, sweeps; docs/simulator.md) "
+                   "at --load.")
+@click.option("--together", "together_jobs", type=click.IntRange(1, 50), default=None,
+              help="Instead of --workload: N jobs submitted at once, 1-24 h each on one GPU.")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=60.0, show_default=True,
               help="With --poisson: arrivals per hour.")
-@click.option("--models", default="resnet-50,inception-v3,resnet-101,vgg-16", show_default=True,
-              help="With --poisson: the models drawn, in equal shares (comma list).")
+@click.option("--load", type=click.FloatRange(0.001, 2.0), default=0.95, show_default=True,
+              help="With --production: the GPU-time the jobs ask for over what the nodes "
+                   "give while they arrive.")
+@click.option("--models", default=None,
+              help="With --poisson (default resnet-50,inception-v3,resnet-101,vgg-16), "
+                   "--production or --together (default: all the profile's): the models "
+                   "drawn, in equal shares (comma list).")
 @click.option("--steps", "step_range", default="500-5000", show_default=True,
               help="With --poisson: each job's steps, drawn uniformly from LOW-HIGH.")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="With --poisson: the random seed (the simulation itself is deterministic).")
+              help="With --poisson, --production or --together: the random seed (the "
+                   "simulation itself is deterministic).")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Throughput curves: a name in profiles/ or a YAML path.")
 @click.option("--nodes", type=click.IntRange(1, 100_000), default=1, show_default=True,
@@ -55,9 +69,9 @@ from marbled.resources import DEFAULT_PROFILE, JobFileError, load_profile, workl
               help="Also draw the GPUs over time into this PNG (needs matplotlib).")
 @json_option
 @click.pass_context
-def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, seed, profile,
-             nodes, gpus, launch_overhead, suspend_overhead, best_static, gantt, as_json,
-             **settings):
+def simulate(ctx, policies, workload, poisson_jobs, production_jobs, together_jobs, rate, load,
+             models, step_range, seed, profile, nodes, gpus, launch_overhead, suspend_overhead,
+             best_static, gantt, as_json, **settings):
     """What would each policy do with a workload? A simulation on the profile's curves.
 
     Runs the same policy code as marbled on a virtual clock and prints, per
@@ -69,17 +83,22 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
     Examples:
       marble simulate --workload paper-jobset3 --gantt jobset3.png
       marble simulate --poisson 1000 --rate 120 --nodes 4 --launch-overhead 5
+      marble simulate --production 640 --load 0.95 --nodes 16 --seed 3
+      marble simulate --together 4 --gpus 4 --best-static
       marble simulate --workload my-history.csv --nodes 8 --json
       marble simulate --workload paper-jobset3 --best-static --launch-overhead 10
     """
     from marbled.sim.engine import Simulator
+    from marbled.sim.generators import production, together
     from marbled.sim.report import comparison_table, gantt_png
     from marbled.sim.static_plan import PlanError, plan_table
     from marbled.sim.static_plan import best_static as search_plan
     from marbled.sim.workloads import TraceError, from_job_file, poisson, read_trace
 
-    if (workload is None) == (poisson_jobs is None):
-        raise click.UsageError("give either --workload FILE or --poisson N")
+    given = [w for w in (workload, poisson_jobs, production_jobs, together_jobs) if w is not None]
+    if len(given) != 1:
+        raise click.UsageError("give one of --workload FILE, --poisson N, --production N or "
+                               "--together N")
     try:
         book = load_profile(profile)
         per_node = gpus or book.gpus_per_node
@@ -87,12 +106,21 @@ def simulate(ctx, policies, workload, poisson_jobs, rate, models, step_range, se
             path = workload_path(str(workload))
             arrivals = read_trace(path) if path.suffix == ".csv" else from_job_file(path)
         else:
-            mix = dict.fromkeys((m.strip() for m in models.split(",") if m.strip()), 1.0)
+            mix = list(dict.fromkeys(m.strip() for m in (
+                models or ("" if poisson_jobs is None else POISSON_MODELS)).split(",")
+                if m.strip()))
             unknown = [m for m in mix if book.lookup(m) is None]
-            if not mix or unknown:
+            if (models is not None and not mix) or unknown:
                 raise click.BadParameter(f"{unknown or 'none given'}; the profile has "
                                          f"{', '.join(book.models)}", param_hint="--models")
-            arrivals = poisson(poisson_jobs, rate, mix, _step_range(step_range), seed)
+            if poisson_jobs is not None:
+                arrivals = poisson(poisson_jobs, rate, dict.fromkeys(mix, 1.0),
+                                   _step_range(step_range), seed)
+            elif production_jobs is not None:
+                arrivals = production(seed, book=book, nodes=nodes, gpus_per_node=per_node,
+                                      load=load, jobs=production_jobs, models=mix or None)
+            else:
+                arrivals = together(seed, book=book, jobs=together_jobs, models=mix or None)
         # the plan first: a workload too large for it fails before the simulations
         plans = [search_plan(book, arrivals, per_node, nodes, launch_overhead,
                              suspend_overhead, objective=objective)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import math
 
 import pytest
@@ -107,3 +108,29 @@ def test_every_family_runs_in_the_simulator(policy):
                             (together(2, book=BOOK, jobs=4), 1)):
         result = Simulator(BOOK, get_policy(policy), 6, nodes, 10.0, 10.0).run(arrivals)
         assert result.makespan > 0 and len(result.jobs) == len(arrivals)
+
+
+def test_marble_simulate_draws_the_families():
+    from click.testing import CliRunner
+
+    from marbled.cli.client_cmd import main as marble
+
+    run = CliRunner().invoke
+    out = run(marble, ["simulate", "--production", "60", "--nodes", "2", "--seed", "3",
+                       "--load", "0.8", "--policy", "adaptive", "--policy", "marble", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    expected = production(3, book=BOOK, nodes=2, gpus_per_node=6, load=0.8, jobs=60)
+    assert [r["jobs"] for r in doc["results"]] == [60, 60]
+    result = Simulator(BOOK, get_policy("marble"), 6, 2).run(expected)
+    assert doc["results"][1]["makespan_s"] == pytest.approx(result.makespan)
+    out = run(marble, ["simulate", "--together", "4", "--gpus", "4", "--best-static",
+                       "--policy", "adaptive", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["best_static"]["objective"] == "makespan"
+    assert doc["best_static_jct"]["average_jct_s"] <= doc["best_static"]["average_jct_s"]
+    both = run(marble, ["simulate", "--poisson", "20", "--together", "3"])
+    assert both.exit_code == 2 and "give one of --workload FILE, --poisson N" in both.output
+    bad = run(marble, ["simulate", "--together", "3", "--models", "resnet-5O"])
+    assert bad.exit_code == 2 and "['resnet-5O']; the profile has" in bad.output
