@@ -39,6 +39,9 @@ class WorkloadError(SpecError):
         super().__init__(field, message)
         self.where = where
 
+    def __reduce__(self):  # whole through pickle: a worker process's refusal reaches its pool
+        return type(self), (self.where, self.field, self.message)
+
     def __str__(self) -> str:
         return f"{self.where}: {self.field}: {self.message}"
 

@@ -134,3 +134,19 @@ def test_marble_simulate_draws_the_families():
     assert both.exit_code == 2 and "give one of --workload FILE, --poisson N" in both.output
     bad = run(marble, ["simulate", "--together", "3", "--models", "resnet-5O"])
     assert bad.exit_code == 2 and "['resnet-5O']; the profile has" in bad.output
+
+
+def test_a_refusal_of_the_simulator_survives_a_worker_process():
+    """policy_matrix runs cells in a multiprocessing pool: a policy's refusal of a job must
+    come back whole (it did not unpickle, and the pool hung instead of saying it)."""
+    import pickle
+
+    from marbled.sim.engine import WorkloadError
+
+    arrivals = production(5, book=BOOK, nodes=4, gpus_per_node=4, load=0.9, jobs=200,
+                          whole_nodes=True)
+    with pytest.raises(WorkloadError) as refused:
+        Simulator(BOOK, get_policy("elastic"), 4, 4).run(arrivals)
+    back = pickle.loads(pickle.dumps(refused.value))
+    assert type(back) is WorkloadError and str(back) == str(refused.value)
+    assert "policy elastic runs single-node jobs only" in str(back)
