@@ -7,7 +7,7 @@ adaptive policy compares with the best other policy (issue 13's targets).
     .venv/bin/python benchmarks/policy_matrix.py --best-static [--policy P ...] [--cost C ...]
     .venv/bin/python benchmarks/policy_matrix.py --multi-node [--processes 2] [--json FILE]
     .venv/bin/python benchmarks/policy_matrix.py --held-out [--trace FILE] [--processes 2]
-    .venv/bin/python benchmarks/policy_matrix.py --family production|together
+    .venv/bin/python benchmarks/policy_matrix.py --family production|together|multi
         [--seeds tuning|held-out] [--best-static] [--processes 2] [--json FILE]
 
 Workloads: paper-jobset1..9 (all jobs at t = 0, one node of the profile) and poisson-s0..s2
@@ -31,9 +31,10 @@ trained on (`marbled/sim/train.py` draws its seeds from its own): poisson-s0..s2
 same at 30 and 120 jobs/h (poisson-r30, poisson-r120), the paper job sets and, with
 `--trace FILE`, a CSV trace (`marble trace` of a broker's marble.db) on `--trace-nodes`;
 `--ours P` names the policy the ratios are of (default adaptive; learned with --held-out).
-`--family production|together` (issue 33, `marbled.sim.generators`) runs production-shaped
-traces (1, 4, 16 nodes of 6 GPUs, loads 0.6 and 0.95, 40 jobs a node) or 4-job sets
-submitted together (one node of 4 GPUs), on `--seeds tuning` (default) or `--seeds
+`--family production|together|multi` (issue 33, `marbled.sim.generators`) runs
+production-shaped traces (1, 4, 16 nodes of 6 GPUs, loads 0.6 and 0.95, 40 jobs a node),
+4-job sets submitted together (one node of 4 GPUs), or the multi-node family's cells by
+seed (`nodes{N}-{load}-s{seed}`), on `--seeds tuning` (default) or `--seeds
 held-out` (looked at only to report), default costs 10/10; with `--best-static`, the
 sets against the best plans for makespan and for JCT. Everywhere, a policy's average JCT
 is compared with the best of the other policies whose makespan is within 10 % of the best
@@ -82,8 +83,13 @@ MULTI_COSTS = ("0/0", "10/10")
 # out, looked at only to report: production-shaped traces on 1, 4 and 16 nodes of the
 # profile's 6 GPUs at loads 0.6 and 0.95 (40 jobs a node), and 4-job sets submitted
 # together on one node of 4 GPUs (the multi-node family's models).
-SEEDS = {"tuning": {"production": (1, 2, 3), "together": tuple(range(1, 11))},
-         "held-out": {"production": (11, 12, 13), "together": tuple(range(101, 131))}}
+# The multi-node family (`--multi-node`'s cells, Poisson arrivals of long jobs on 4-GPU
+# nodes) by seed too: its fixed per-cell seeds were adaptive's tuning set (issue 21).
+SEEDS = {"tuning": {"production": (1, 2, 3), "together": tuple(range(1, 11)),
+                    "multi": (1, 2)},
+         "held-out": {"production": (11, 12, 13), "together": tuple(range(101, 131)),
+                      "multi": (1001, 1002)}}
+FAMILIES = ("production", "together", "multi")
 PRODUCTION_NODES, PRODUCTION_LOADS = (1, 4, 16), (0.6, 0.95)
 FAMILY_COSTS = ("10/10",)
 JCT_REFERENCE = 1.10  # JCT is compared with policies whose makespan is within 10 % of the best
@@ -94,29 +100,31 @@ def family(name: str, seeds: str) -> list[str]:
     chosen = SEEDS[seeds][name]
     if name == "together":
         return [f"together-s{s}" for s in chosen]
+    if name == "multi":
+        return [f"{w}-s{s}" for w in MULTI for s in chosen]
     return [f"prod-n{n}-l{load}-s{s}" for n in PRODUCTION_NODES for load in PRODUCTION_LOADS
             for s in chosen]
 
 
 def gpus_of(workload: str, book) -> int:
-    return MULTI_GPUS if workload in MULTI or workload.startswith("together-") else \
-        book.gpus_per_node
+    return MULTI_GPUS if workload.startswith(("nodes", "together-")) else book.gpus_per_node
 
 
 def multi_node(workload: str) -> tuple[list, int]:
-    """(arrivals, nodes) of a `nodes{N}-{load}` workload; the seed is fixed per cell."""
-    nodes, load = workload.removeprefix("nodes").split("-")
+    """(arrivals, nodes) of a `nodes{N}-{load}` workload, whose seed is fixed per cell (the
+    cells adaptive was tuned on), or of `nodes{N}-{load}-s{seed}`."""
+    nodes, load, *seeded = workload.removeprefix("nodes").split("-")
     n, book = int(nodes), load_profile(PROFILE)
     steps = {m: tuple(round(h * 3600 * book.lookup(m).throughput(1)) for h in MULTI_HOURS)
              for m in MULTI_MODELS}
-    seed = 100 * n + list(MULTI_LOADS).index(load)
+    seed = int(seeded[0][1:]) if seeded else 100 * n + list(MULTI_LOADS).index(load)
     return poisson(MULTI_JOBS * n, MULTI_LOADS[load] * n, dict.fromkeys(MULTI_MODELS, 1.0),
                    steps, seed), n
 
 
 def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:
     """(arrivals, nodes) of a workload name; `trace:PATH:NODES`, a CSV trace."""
-    if workload in MULTI:
+    if workload.startswith("nodes"):
         return multi_node(workload)
     if workload.startswith("prod-"):  # prod-n{nodes}-l{load}-s{seed}
         n, load, seed = (x[1:] for x in workload.removeprefix("prod-").split("-"))
@@ -384,8 +392,7 @@ def main() -> None:
                     help="only this policy (repeatable; default: all)")
     ap.add_argument("--workload", action="append",
                     choices=WORKLOADS + list(LOADS) + MULTI + [
-                        w for f in ("production", "together") for k in SEEDS
-                        for w in family(f, k)],
+                        w for f in FAMILIES for k in SEEDS for w in family(f, k)],
                     help="only this workload (repeatable; default: all)")
     ap.add_argument("--cost", action="append", metavar="LAUNCH/SUSPEND",
                     help=f"seconds per launch / suspension (repeatable; default: {COSTS})")
@@ -406,10 +413,10 @@ def main() -> None:
     ap.add_argument("--best-static", action="store_true",
                     help="compare with the best static plans (for makespan, for JCT) on the "
                          "paper job sets (or --family together) instead")
-    ap.add_argument("--family", choices=("production", "together"),
+    ap.add_argument("--family", choices=FAMILIES,
                     help="issue 33's families: production-shaped traces on 1, 4, 16 nodes at "
-                         "loads 0.6 and 0.95, or 4-job sets submitted together (default "
-                         f"costs {FAMILY_COSTS})")
+                         "loads 0.6 and 0.95, 4-job sets submitted together, or the multi-node "
+                         f"family by seed (default costs {FAMILY_COSTS})")
     ap.add_argument("--seeds", choices=("tuning", "held-out"), default="tuning",
                     help="the family's seeds: tuning (default), or held out (to report: "
                          "never tune on them)")

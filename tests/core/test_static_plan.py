@@ -240,13 +240,15 @@ def test_the_policy_matrix_runs_the_families_and_keeps_their_seeds_apart(tmp_pat
     """Issue 33: jobs submitted together, on tuning and held-out seeds that never meet;
     production-shaped traces by name."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.policy_matrix import SEEDS, arrivals_of, family
+    from benchmarks.policy_matrix import FAMILIES, SEEDS, arrivals_of, family
 
-    for name in ("production", "together"):
+    for name in FAMILIES:
         assert not set(family(name, "tuning")) & set(family(name, "held-out"))
         assert not set(SEEDS["tuning"][name]) & set(SEEDS["held-out"][name])
     arrivals, nodes = arrivals_of("prod-n4-l0.95-s11")
     assert nodes == 4 and len(arrivals) == 160
+    tuned, held = arrivals_of("nodes2-heavy")[0], arrivals_of("nodes2-heavy-s1001")[0]
+    assert len(tuned) == len(held) == 32 and tuned != held  # the same cell, another seed
     out = tmp_path / "together.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "policy_matrix.py"), "--family", "together",
