@@ -254,9 +254,9 @@ def test_a_run_whose_pid_was_never_recorded_is_found_under_the_launch_lock(tmp_p
 
 
 def test_an_exit_record_that_is_not_whole_reads_as_none(tmp_path):
-    """Exit files are written in place, not renamed into place (one file creation a run
-    fewer): one read before its write, or torn by a kill midway, must read as no record,
-    as no file does, never as a code."""
+    """Exit files are written in place, not renamed into place (a rename a run fewer): one
+    read before its write, or torn by a kill midway, must read as no record, as no file
+    does, never as a code."""
     write_exit(str(tmp_path), 5, 3)
     whole = (tmp_path / "exit-5.json").read_bytes()
     assert read_exit(tmp_path, 5) == 3 and not list(tmp_path.glob(".*"))  # no temporary left
