@@ -106,7 +106,8 @@ def test_simulate_command_table_and_errors(tmp_path):
     out = CliRunner().invoke(marble, ["simulate", "--poisson", "50", "--nodes", "2"])
     assert out.exit_code == 0 and "makespan/LB" in out.output and "lower bound" in out.output
     out = CliRunner().invoke(marble, ["simulate"])
-    assert out.exit_code == 2 and "--workload FILE or --poisson N" in out.output
+    assert out.exit_code == 2 and ("give one of --workload FILE, --poisson N, --production N "
+                                   "or --together N") in out.output
     bad = tmp_path / "t.csv"
     bad.write_text("arrival,model,steps\n0,resnet-50,0\n")
     out = CliRunner().invoke(marble, ["simulate", "--workload", str(bad)])
