@@ -230,6 +230,38 @@ def overall(by_cost: dict[str, dict], policies: list[str], ours: str = OURS) -> 
             "wins": wins, "average_jct_vs_marble": vs_marble}
 
 
+def places(by_cost: dict[str, dict], policies: list[str]) -> dict:
+    """Every policy's place against the best of all on both figures, over every cell: the
+    cells where it is within 3 % of both, and its worst ratio on each. The JCT reference is
+    the best JCT of the policies within JCT_REFERENCE of the best makespan."""
+    out = {p: {"cells": 0, "within_3pct_both": 0, "worst_makespan": 1.0, "worst_jct": 1.0}
+           for p in policies}
+    for summary in by_cost.values():
+        cells: dict[str, dict] = {}
+        for c in summary["cells"]:
+            cells.setdefault(c["workload"], {})[c["policy"]] = c
+        for row in cells.values():
+            span = min(c["makespan_s"] for c in row.values())
+            jct = min(c["average_jct_s"] for c in row.values()
+                      if c["makespan_s"] <= JCT_REFERENCE * span)
+            for p, c in row.items():
+                ms, jr = c["makespan_s"] / span, c["average_jct_s"] / jct
+                place = out[p]
+                place["cells"] += 1
+                place["within_3pct_both"] += ms <= 1.03 and jr <= 1.03
+                place["worst_makespan"] = max(place["worst_makespan"], ms)
+                place["worst_jct"] = max(place["worst_jct"], jr)
+    return out
+
+
+def print_places(places_: dict) -> None:
+    print("\nevery policy against the best of all (avg JCT: of those within 10 % of the best "
+          "makespan): cells within 3 % on both, worst makespan ratio, worst avg JCT ratio")
+    for p, x in sorted(places_.items(), key=lambda kv: -kv[1]["within_3pct_both"]):
+        print(f"  {p:10} {x['within_3pct_both']:>4} of {x['cells']:<4} "
+              f"{x['worst_makespan']:>7.3f} {x['worst_jct']:>7.3f}")
+
+
 def print_overall(o: dict, ours: str = OURS) -> None:
     print(f"\n{ours} within 3% of the best other policy on both metrics in "
           f"{o['within_3pct_both']} of {o['cells']} cells")
@@ -272,7 +304,9 @@ def matrix(args) -> None:
         print_cost(c, mine, policies, workloads, summary, ours)
         out["costs"][c] = {"cells": mine, **summary}
     out["summary"] = overall(out["costs"], policies, ours)
+    out["places"] = places(out["costs"], policies)
     print_overall(out["summary"], ours)
+    print_places(out["places"])
     print(f"\n{len(cells)} simulations in {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -264,7 +264,7 @@ def test_the_jct_reference_is_a_policy_whose_makespan_is_near_the_best():
     """A policy that buys its JCT with a far longer makespan (as timeslice can) is not the
     reference the JCT is compared with: only those within 10 % of the best makespan."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.policy_matrix import compare
+    from benchmarks.policy_matrix import compare, places
 
     cells = [{"policy": p, "workload": "w", "makespan_s": m, "average_jct_s": j}
              for p, m, j in (("adaptive", 100.0, 60.0), ("timeslice", 150.0, 40.0),
@@ -275,6 +275,13 @@ def test_the_jct_reference_is_a_policy_whose_makespan_is_near_the_best():
     assert row["makespan_s"]["best_other"] == "elastic"
     alone = compare(cells[:2], ["adaptive", "timeslice"], ["w"])["per_workload"]["w"]
     assert alone["average_jct_s"]["best_other"] == "timeslice"  # none near: the rest
+    # every policy's place against the best of all: timeslice's JCT is no reference
+    spot = places({"10/10": {"cells": cells}}, ["adaptive", "elastic", "timeslice"])
+    assert spot["elastic"] == {"cells": 1, "within_3pct_both": 0,
+                               "worst_makespan": pytest.approx(1.05), "worst_jct": 1.0}
+    assert spot["adaptive"]["worst_jct"] == pytest.approx(1.2)
+    assert spot["timeslice"]["worst_jct"] == 1.0  # 0.8 of the reference: no worse than it
+    assert spot["timeslice"]["worst_makespan"] == pytest.approx(1.5)
 
 
 def test_the_best_plan_for_average_jct_is_searched_apart_from_the_best_for_makespan():
