@@ -62,6 +62,7 @@ from marbled.batch.slurm_api import (
     SlurmReader,
     choose_reader,
     step_end,
+    step_refused,
     unavailable,
 )
 from marbled.batch.step import SLURM_NODE_VAR, rank_file
@@ -219,7 +220,7 @@ class SlurmStep(StepRun):
     def ended_by(self, stderr: str) -> dict | None:
         info = read_json(rank_file(self.info_file, 0))
         if not info or info.get("run_id") != self.run_id or not info.get("step_id"):
-            return None  # the step never started
+            return step_refused(stderr)  # the step never started: was it refused?
         # the step's own job: an earlier allocation's, for a run a later broker closes
         return step_end(stderr, f"{info.get('job_id') or self.job_id}.{info['step_id']}")
 

@@ -227,6 +227,21 @@ _STATES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "
 # What srun itself writes when Slurm ends its step; slurmstepd's line above does not always
 # reach srun before it exits (seen with scancel JOB.STEP): then this is all there is
 _ABORTED = "srun: Job step aborted"
+# What srun writes when Slurm does not create its step at all, so the command never ran:
+# "srun: error: Unable to create step for job 180: Invalid generic resource (gres)
+# specification", seen when a step asked for GPUs a few ms after other steps of the
+# allocation had ended, and the same request succeeded later
+_NOT_CREATED = re.compile(r"srun: error: Unable to create step for job \S+: (.+)")
+
+
+def step_refused(log: str) -> dict | None:
+    """Slurm's refusal to create a step, from srun's stderr (`never_ran`: its command did not
+    start); None if srun said no such thing."""
+    found = _NOT_CREATED.search(log)
+    if found is None:
+        return None
+    return {"state": "NOT_CREATED", "never_ran": True,
+            "detail": f"Slurm did not create the step: {found.group(1).strip()}"}
 
 
 def step_end(log: str, step: str) -> dict | None:

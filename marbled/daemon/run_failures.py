@@ -3,13 +3,16 @@ that ended with `failed` from the run's files (`Runs.outcome`, `runs.py`).
 
 A per-GPU run's failing rank (the local launcher's record, or the task srun names) and
 that rank's error line, not the launcher's summary; a cause the stderr names (out of
-memory); the event's `stderr_tail`.
+memory); the event's `stderr_tail`. And a run whose command never ran because the batch
+system refused to create its step (`refused_start`): not a failure of the job.
 """
 
 from __future__ import annotations
 
 from marbled.batch.ranks import read_rank_failure
 from marbled.core.failures import TAIL_LINES, memory_cause, rank_error, rank_lines
+from marbled.core.model import JobState
+from marbled.core.outcome import RunEnd
 from marbled.daemon.workfiles import JobFiles
 
 # where a failed per-GPU run's failing rank's last lines are looked for: its log's end
@@ -54,3 +57,23 @@ def _failing_rank(files: JobFiles, job_id: int, run_id: int, failure: dict | Non
     extra["stderr_tail"] = "\n".join(rank_lines(end, rank)[-TAIL_LINES:])
     extra["error"] = error
     return why, error
+
+
+REFUSED_TRIES = 5  # refusals of a job's step in a row before the refusal fails the job
+REFUSED_FIRST_S = 0.5  # the first wait before its next run; doubled at each refusal
+
+
+def refused_start(said: dict | None, refusals: int, start_step: int | None,
+                  now: float) -> tuple[RunEnd, float, dict] | None:
+    """The end of a run whose step the batch system refused to create (`said["never_ran"]`,
+    its `refusals`-th in a row): its command never ran, so it is run again from where it
+    was to start, REFUSED_FIRST_S later and twice as long at each refusal, and not counted
+    as a failure of the job; None past REFUSED_TRIES (the refusal then fails the job, as a
+    step that can never be created: more GPUs than a node has) or for any other end."""
+    if not said or not said.get("never_ran") or refusals > REFUSED_TRIES:
+        return None
+    delay = REFUSED_FIRST_S * 2 ** (refusals - 1)
+    why = (f"{said['detail']}; its command never ran: again in {delay:g} s (refusal "
+           f"{refusals} of at most {REFUSED_TRIES} in a row)")
+    return RunEnd(JobState.SUSPENDED, why, start_step), now + delay, {"ended_by": said,
+                                                                      "retry_in": delay}

@@ -28,7 +28,7 @@ from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
 from marbled.daemon.prestart import Standbys
 from marbled.daemon.requests import launch_request, not_prestartable, start_failure
-from marbled.daemon.run_failures import failure_reason
+from marbled.daemon.run_failures import failure_reason, refused_start
 from marbled.daemon.workfiles import JobFiles
 from marbled.worker.protocol import STANDBY_VAR
 
@@ -82,6 +82,7 @@ class Runs:
         self.launching: set[int] = set()  # jobs whose process is being started
         self._cancel_pending: set[int] = set()  # ... and that were cancelled meanwhile
         self._suspend_pending: dict[int, str] = {}  # ... or asked to suspend (the reason)
+        self._refused: dict[int, int] = {}  # job -> refusals of its step in a row
         self.standby = Standbys(launcher.launch, spawn, self._record)
         self._look: Timer | None = None  # the next look for acknowledgement markers
 
@@ -362,6 +363,11 @@ class Runs:
         ended_by = getattr(live.handle, "ended_by", None)
         said = (ended_by(self.files.stderr_tail(live.job_id, live.run_id))
                 if ended_by and end.outcome is not JobState.DONE else None)
+        refusals = self._refused.pop(live.job_id, 0) + bool(said and said.get("never_ran"))
+        refused = None if live.cancel else refused_start(said, refusals, live.start_step, now)
+        if refused:  # its step was not created: its command never ran
+            self._refused[live.job_id] = refusals
+            return refused[0], refused[1], {**extra, **refused[2]}
         if said:  # the batch system ended it (scancel, time limit, OOM): its words
             why, extra["ended_by"] = f"{why}: {said['detail']}", said
         if end.outcome is JobState.FAILED:
