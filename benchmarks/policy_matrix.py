@@ -95,8 +95,15 @@ FAMILY_COSTS = ("10/10",)
 JCT_REFERENCE = 1.10  # JCT is compared with policies whose makespan is within 10 % of the best
 
 
+def near_span(cells: dict[str, dict], among: list[str]) -> list[str]:
+    """Those of `among` whose makespan is within JCT_REFERENCE of the best of `cells` (every
+    policy's cell of one workload): the policies a JCT is compared with."""
+    span = min(c["makespan_s"] for c in cells.values())
+    return [p for p in among if cells[p]["makespan_s"] <= JCT_REFERENCE * span]
+
+
 def family(name: str, seeds: str) -> list[str]:
-    """The workloads of a family (production, together) for a seed set (tuning, held-out)."""
+    """The workloads of a family (FAMILIES) for a seed set (tuning, held-out)."""
     chosen = SEEDS[seeds][name]
     if name == "together":
         return [f"together-s{s}" for s in chosen]
@@ -165,15 +172,13 @@ def compare(cells: list[dict], policies: list[str], workloads: list[str],
     rows, vs_marble = {}, {"makespan_s": [], "average_jct_s": []}
     for w in workloads:
         row = {}
-        here = [p for p in policies if (p, w) in at]
+        here = {p: at[p, w] for p in policies if (p, w) in at}
         for metric in ("makespan_s", "average_jct_s"):
             others = [p for p in here if p != ours]
             if (ours, w) not in at or not others:
                 continue
             if metric == "average_jct_s":  # not one that buys JCT with a far longer makespan
-                span = min(at[p, w]["makespan_s"] for p in here)
-                others = [p for p in others
-                          if at[p, w]["makespan_s"] <= JCT_REFERENCE * span] or others
+                others = near_span(here, others) or others
             best = min(others, key=lambda p: at[p, w][metric])
             ratio = at[ours, w][metric] / at[best, w][metric]
             row[metric] = {"best_other": best, "ratio": ratio, "within_3pct": ratio <= 1.03}
@@ -242,8 +247,7 @@ def places(by_cost: dict[str, dict], policies: list[str]) -> dict:
             cells.setdefault(c["workload"], {})[c["policy"]] = c
         for row in cells.values():
             span = min(c["makespan_s"] for c in row.values())
-            jct = min(c["average_jct_s"] for c in row.values()
-                      if c["makespan_s"] <= JCT_REFERENCE * span)
+            jct = min(row[p]["average_jct_s"] for p in near_span(row, list(row)))
             for p, c in row.items():
                 ms, jr = c["makespan_s"] / span, c["average_jct_s"] / jct
                 place = out[p]

@@ -253,9 +253,9 @@ class OfflineApi:
         views = self.views
         if parts == ["v1", "status"]:
             return self.status()
-        since = parse_since((query.get("since") or [None])[-1])
+        since = (query.get("since") or [None])[-1]  # /v1/jobs and /v1/runs take it
         if parts == ["v1", "runs"]:
-            return views.runs(since)
+            return views.runs(parse_since(since))
         if parts == ["v1", "forecast"]:
             return offline_forecast(self.records.clock.time())
         if parts == ["v1", "jobs"]:
@@ -266,7 +266,7 @@ class OfflineApi:
                     raise Invalid(f"unknown state '{wanted}'", "state")
             jobs, more = views.jobs(states, _whole(query, "after") or 0,
                                     _whole(query, "limit"), (query.get("name") or [None])[-1],
-                                    since)
+                                    parse_since(since))
             return {"jobs": jobs, "next": more}
         if len(parts) in (3, 4) and parts[:2] == ["v1", "jobs"] and parts[2].isdigit():
             job_id = int(parts[2])

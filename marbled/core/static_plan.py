@@ -23,8 +23,9 @@ from dataclasses import dataclass
 EXHAUSTIVE_PLANS = 6 ** 5  # a paper job set of 5 jobs on 6 GPUs, every count
 LOCAL_PLANS = 20_000  # plans a local search may try: about 2 s for 50 jobs
 # What a plan is the best for: its makespan (ties by average JCT), or its average JCT (ties
-# by makespan). The best plan for one can be far from the best for the other (issue 33: a
-# job set whose best-makespan plan has 1.5x the average JCT of its best-JCT plan).
+# by makespan). The best plan for one can be far from the best for the other (issue 33: one
+# short and one long job of one model on 6 GPUs, side by side: mean 500 s, end 500 s; one
+# after the other on all six: mean 341 s, end 568 s).
 OBJECTIVES = ("makespan", "jct")
 
 

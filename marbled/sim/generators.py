@@ -70,6 +70,22 @@ def _check(name: str, value: object, low: float, high: float = math.inf) -> None
         raise ValueError(f"{name}: must be a number from {low:g} to {high:g}, not {value!r}")
 
 
+def _whole(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: must be a whole number >= 1, not {value!r}")
+    return value
+
+
+def _models(book: ProfileBook, models: Sequence[str] | None) -> list[str]:
+    """The models to draw from: `models`, all known to the profile, or all of its own."""
+    chosen = list(models or book.models)
+    unknown = [m for m in chosen if book.lookup(m) is None]
+    if not chosen or unknown:
+        raise ValueError(f"models: {unknown or 'none given'}; the profile has "
+                         f"{', '.join(book.models)}")
+    return chosen
+
+
 def production(seed: int, *, book: ProfileBook, nodes: int, gpus_per_node: int, load: float,
                jobs: int | None = None, models: Sequence[str] | None = None,
                rigid_share: float = 0.3, whole_nodes: bool = False,
@@ -82,17 +98,9 @@ def production(seed: int, *, book: ProfileBook, nodes: int, gpus_per_node: int, 
     any one trace (its mean is made by jobs few traces draw)."""
     _check("load", load, 1e-3, 2.0)
     _check("rigid_share", rigid_share, 0.0, 1.0)
-    for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node),
-                        ("jobs", 40 * nodes if jobs is None and isinstance(nodes, int)
-                         else jobs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: must be a whole number >= 1, not {value!r}")
-    jobs = 40 * nodes if jobs is None else jobs
-    models = list(models or book.models)
-    unknown = [m for m in models if book.lookup(m) is None]
-    if not models or unknown:
-        raise ValueError(f"models: {unknown or 'none given'}; the profile has "
-                         f"{', '.join(book.models)}")
+    _whole("gpus_per_node", gpus_per_node)
+    jobs = _whole("jobs", 40 * _whole("nodes", nodes) if jobs is None else jobs)
+    models = _models(book, models)
     requests = {g: w for g, w in stats.requests.items() if w > 0}
     counts, weights = list(requests), list(requests.values())
     rng = random.Random(seed)
@@ -139,25 +147,26 @@ def _diurnal(rng: random.Random, n: int, span: float, swing: float) -> list[floa
 def _job(book: ProfileBook, model: str, request: int, seconds: float, rigid: bool,
          nodes: int, gpus_per_node: int) -> JobSpec:
     """The job of a request: its steps last `seconds` on the GPUs it asked for (on whole
-    nodes when it asks for more than one has, if `nodes` are enough; else on one node)."""
+    nodes when it asks for more than one has, if `nodes` are enough; else on one node). A
+    job on several nodes trains at its curve's speed at its count on each node, as the
+    simulator runs it (`sim/engine.py`)."""
     curve = book.lookup(model)
-    spread = request > gpus_per_node and math.ceil(request / gpus_per_node) <= nodes
-    on = min(request, gpus_per_node * (math.ceil(request / gpus_per_node) if spread else 1))
-    gpus = on // math.ceil(on / gpus_per_node) if spread else on
-    steps = max(1, round(seconds * curve.throughput(on)))
-    if spread:  # always rigid: a job on several nodes keeps its shape
-        return JobSpec(emulate=True, model=model, steps=steps, gpus=gpus,
-                       nodes=math.ceil(request / gpus_per_node))
-    return JobSpec(emulate=True, model=model, steps=steps, gpus=gpus if rigid else None)
+    spread = math.ceil(request / gpus_per_node)
+    if 1 < spread <= nodes:  # always rigid: a job on several nodes keeps its shape
+        each = request // spread
+        return JobSpec(emulate=True, model=model, steps=max(1, round(
+            seconds * curve.throughput(each))), gpus=each, nodes=spread)
+    gpus = min(request, gpus_per_node)
+    return JobSpec(emulate=True, model=model, steps=max(1, round(
+        seconds * curve.throughput(gpus))), gpus=gpus if rigid else None)
 
 
 def together(seed: int, *, book: ProfileBook, jobs: int = 4, models: Sequence[str] | None = None,
              hours: tuple[float, float] = (1.0, 24.0)) -> list[Arrival]:
     """`jobs` jobs submitted at once (t = 0): models drawn from `models` (default: all of
     the profile's), each `hours[0]`-`hours[1]` long on one GPU (log-uniform), `auto`."""
-    models = list(models or book.models)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs: must be a whole number >= 1, not {jobs!r}")
+    models = _models(book, models)
+    _whole("jobs", jobs)
     low, high = hours
     _check("hours[0]", low, 1e-3)
     _check("hours[1]", high, low)

@@ -20,12 +20,12 @@ BOOK = load_profile("summit-v100")
 
 
 def _asked(arrivals, nodes: int, gpus_per_node: int) -> tuple[list[int], list[float]]:
-    """Each job's request and duration on it (all jobs rigid: they keep their request)."""
+    """Each job's request and duration on it (all jobs rigid: they keep their request; one
+    on several nodes trains at its count on each node, as the simulator runs it)."""
     counts, seconds = [], []
     for a in arrivals:
-        g = a.spec.gpus * a.spec.nodes
-        counts.append(g)
-        seconds.append(a.spec.steps / BOOK.lookup(a.spec.model).throughput(g))
+        counts.append(a.spec.gpus * a.spec.nodes)
+        seconds.append(a.spec.steps / BOOK.lookup(a.spec.model).throughput(a.spec.gpus))
     return counts, seconds
 
 
