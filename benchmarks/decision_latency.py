@@ -231,7 +231,7 @@ async def daemon_cell(name: str, nodes: int, queued: int, samples: int,
                 await asyncio.sleep(0)
                 answer()
                 now = (len(launches), len(decisions))
-                busy = broker.runs.launching or broker.coalescing  # (a real-time wait)
+                busy = broker.runs.launching or broker.ends.coalescing  # (a real-time wait)
                 idle = idle + 1 if now == seen and not busy else 0
                 seen = now
 

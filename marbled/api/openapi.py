@@ -31,6 +31,7 @@ MAX_LOG_BYTES = 4 * 1024 * 1024  # ... at most, and by default with &tail=
 MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
 MAX_TIME = 1e11  # ?since=: a Unix time in seconds below this (the year 5138)
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
+WAIT_S, MAX_WAIT_S = 30.0, 300.0  # GET /v1/wait?timeout=: by default, at most
 MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
 # POST /v1/jobs: a key that makes a retry answer with the first request's jobs (docs/api.md)
@@ -159,6 +160,7 @@ STATUS = _object({
                                    "ok": BOOL, "reason": OR_NULL["string"], "held": INT})},
     "started_at": TIME, "time_scale": NUM, "max_request_bytes": INT,
     "max_jobs_per_request": INT})
+WAITED = _object({"ended": BOOL, "jobs": STATUS["properties"]["jobs"], "draining": BOOL})
 LOG = _object({
     "job_id": INT, "state": {"enum": STATES}, "runs": {"type": "array", "items": INT},
     "run": {"anyOf": [_ref("Run"), {"type": "null"}]}, "stream": {"enum": ["stdout", "stderr"]},
@@ -318,6 +320,17 @@ def _spec() -> dict:
                                                   "and `max_jobs_per_request`: a client sends a "
                                                   "large job set in as many requests as they need",
                                    "responses": _answer("status", schema=_ref("Status"))}},
+            "/v1/wait": {"get": {
+                "summary": "wait until every job has ended, at most `timeout` seconds: a long "
+                           "poll, answered as the last job ends (`marble wait`)",
+                "description": "`ended`: whether every job has ended; `jobs`: jobs by state, "
+                               "as in /v1/status; a draining broker answers at once "
+                               "(`draining`), with the jobs left for the next broker",
+                "parameters": [{"name": "timeout", "in": "query",
+                                "description": "seconds to wait at most (0: answer at once)",
+                                "schema": {"type": "number", "minimum": 0,
+                                           "maximum": MAX_WAIT_S, "default": WAIT_S}}],
+                "responses": _answer("ended, or the timeout passed", schema=_ref("Waited"))}},
             "/v1/jobs": {
                 "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "
                                    "continues the page, null at the end",
@@ -463,8 +476,8 @@ def _spec() -> dict:
             "Job": job,
             # the answers (daemon/views.py): every field, as the contract test checks
             "Status": STATUS, "JobView": JOB_VIEW, "Jobs": JOBS, "JobDetail": JOB_DETAIL,
-            "Submitted": SUBMITTED, "Run": RUN, "Runs": RUNS, "LogPage": LOG, "Forecast": FORECAST,
-            "Curves": CURVES,
+            "Waited": WAITED, "Submitted": SUBMITTED, "Run": RUN, "Runs": RUNS, "LogPage": LOG,
+            "Forecast": FORECAST, "Curves": CURVES,
             "Error": {"type": "object", "required": ["error", "retry"], "properties": {
                 "error": {"type": "string", "description": "what to change"},
                 "field": {"type": "string", "description": "the field at fault"},

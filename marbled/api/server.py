@@ -56,6 +56,8 @@ from marbled.api.openapi import (
     MAX_OFFSET,
     MAX_PAGE,
     MAX_RANK,
+    MAX_WAIT_S,
+    WAIT_S,
     for_broker,
     parse_since,
 )
@@ -241,6 +243,20 @@ def _whole(request: web.Request, name: str, least: int, most: int) -> int | None
     return int(raw)
 
 
+def _seconds(request: web.Request, name: str, most: float, default: float) -> float:
+    """A duration query parameter in seconds, from 0 to `most`; `default` when absent."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= most:  # NaN fails too
+        raise Invalid(f"{name} must be a number of seconds from 0 to {most:g}", name)
+    return value
+
+
 def _since(request: web.Request) -> float | None:
     return parse_since(request.query.get("since"))
 
@@ -259,6 +275,15 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     async def status(request: web.Request) -> web.Response:
         return web.json_response({**views.status(), "max_request_bytes": limit,
                                   "max_jobs_per_request": MAX_JOBS_PER_REQUEST})
+
+    @routes.get("/v1/wait")
+    async def wait(request: web.Request) -> web.Response:
+        # a long poll: answered as the last job ends, at no cost before (marble wait)
+        timeout = _seconds(request, "timeout", MAX_WAIT_S, WAIT_S)
+        ended = await commands.end_waiters.wait(timeout)
+        status = views.status()
+        return web.json_response({"ended": ended, "jobs": status["jobs"],
+                                  "draining": status["draining"]})
 
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:

@@ -38,27 +38,39 @@ def ready(ctx, timeout, as_json):
     output(ctx, as_json, status, lambda: click.echo(f"marbled {status['pid']} ready ({nodes})"))
 
 
+PROGRESS_S = 10.0  # seconds between progress lines (not on a terminal)
+
+
 @click.command()
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
-@click.option("--interval", type=float, default=1.0, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Give up after this many seconds (exit status 2).")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between updates of the progress bar on a terminal; elsewhere, "
+                   f"between progress lines (at least {PROGRESS_S:g}). The wait ends as the "
+                   "last job ends, whatever the interval.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @json_option
 @click.pass_context
 def wait(ctx, timeout, interval, quiet, as_json):
     """Wait until every job has ended, showing progress.
 
+    The broker answers the moment the last job ends (a long poll, GET /v1/wait): a batch
+    script goes on at once, and a wait costs the broker nothing however many jobs it has
+    seen. With --json, every job at the end (GET /v1/jobs).
+
     Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out, 3 the
     broker stopped (drained) before every job ended: a note says so, not an error.
     """
     api = client(ctx)
-    start = time.monotonic()
+    start, since = time.monotonic(), time.time()
     bar = _Bar() if sys.stderr.isatty() and not quiet else None
-    last_line = 0.0
+    every = interval if bar else max(interval, PROGRESS_S)  # between progress updates
+    last_line = -every
     answered = False  # the broker has answered: if it stops now, it has drained
 
-    def poll() -> list[dict]:
+    def poll(path: str) -> dict:
         try:
-            return api.get("/v1/jobs")["jobs"]
+            return api.get(path)
         except (BrokerUnreachable, ConnectionError) as exc:
             if not answered:
                 raise
@@ -66,33 +78,38 @@ def wait(ctx, timeout, interval, quiet, as_json):
                 bar.stop()
             _stopped(ctx, as_json, exc)
 
+    hold = 0.0  # the first answer at once: the wait starts with a progress line
     try:
         while True:
-            jobs = call(poll)
+            answer = call(poll, f"/v1/wait?timeout={hold:g}")
             answered = True
-            counts: dict[str, int] = {}
-            for j in jobs:
-                counts[j["state"]] = counts.get(j["state"], 0) + 1
-            ended = sum(counts.get(s, 0) for s in FINAL)
+            counts = answer["jobs"]
+            total, ended = sum(counts.values()), sum(counts.get(s, 0) for s in FINAL)
             now = time.monotonic()
             parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            if bar:
-                bar.show(jobs, f"{ended}/{len(jobs)} ended  {parts}")
-            elif not quiet and (now - last_line >= 10 or ended == len(jobs)):
-                click.echo(f"[{now - start:6.1f}s] {ended}/{len(jobs)} ended  {parts}", err=True)
+            if bar:  # the steps of the jobs not ended when the wait began: O(live jobs)
+                bar.show(call(poll, f"/v1/jobs?since={since!r}")["jobs"],
+                         f"{ended}/{total} ended  {parts}")
+            elif not quiet and (now - last_line >= every or answer["ended"]):
+                click.echo(f"[{now - start:6.1f}s] {ended}/{total} ended  {parts}", err=True)
                 last_line = now
-            if ended == len(jobs):
+            if answer["ended"]:
                 if bar:
                     bar.stop()
-                output(ctx, as_json, {"jobs": jobs}, lambda: None)
-                ctx.exit(0 if counts.get("done", 0) == len(jobs) else 1)
-            if timeout is not None and now - start > timeout:
+                if as_json:
+                    output(ctx, as_json, {"jobs": call(poll, "/v1/jobs")["jobs"]}, lambda: None)
+                ctx.exit(0 if counts.get("done", 0) == total else 1)
+            if timeout is not None and now - start >= timeout:
                 if bar:
                     bar.stop()
-                click.echo(f"timed out after {timeout:g} s with {len(jobs) - ended} jobs not "
+                click.echo(f"timed out after {timeout:g} s with {total - ended} jobs not "
                            "ended", err=True)
                 ctx.exit(2)
-            time.sleep(interval)
+            if answer["draining"]:  # answered at once until it stops: its records say then
+                time.sleep(min(interval, 1.0))
+            left = float("inf") if timeout is None else timeout - (time.monotonic() - start)
+            # (held well within the client's own timeout for an answer)
+            hold = max(min(every, left, api.timeout / 2), 0.0)
     finally:
         if bar:
             bar.stop()

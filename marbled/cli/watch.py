@@ -65,9 +65,16 @@ def frame(status: dict, jobs: list[dict], runs: dict, forecast: dict, width: int
                  Text("q or Ctrl-C: quit", style="dim"))
 
 
-def _snapshot(api) -> tuple:
-    return (call(api.get, "/v1/status"), call(api.get, "/v1/jobs")["jobs"],
-            call(api.get, "/v1/runs"), call(api.get, "/v1/forecast"))
+WINDOW_S = 3600.0  # the history a view reads by default: the last hour, as the dashboard's
+
+
+def _snapshot(api, window: float) -> tuple:
+    """What one view shows: the live jobs and runs, and those that ended within `window`
+    seconds (`?since=`, through indexes): a view costs the broker what the live jobs and
+    the window hold, not every job it has seen."""
+    since = f"?since={max(time.time() - window, 0.0)!r}"
+    return (call(api.get, "/v1/status"), call(api.get, "/v1/jobs" + since)["jobs"],
+            call(api.get, "/v1/runs" + since), call(api.get, "/v1/forecast"))
 
 
 @contextlib.contextmanager
@@ -93,11 +100,17 @@ def _keys():
 @click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
               help="Seconds between updates.")
 @click.option("--once", is_flag=True, help="Print one view and exit (for logs and scripts).")
+@click.option("--window", type=click.FloatRange(min=1), default=WINDOW_S, show_default=True,
+              help="Seconds of history shown: the jobs and runs that ended within it (the "
+                   "live ones always).")
 @profiled_option
 @click.pass_context
-def watch(ctx, interval, once, profiled):
+def watch(ctx, interval, once, window, profiled):
     """A live view: every job's progress bar, speed and ETA, and the GPUs over time
-    (as the MARBLE paper's Figure 5 draws them, in real seconds). Quit with q or Ctrl-C."""
+    (as the MARBLE paper's Figure 5 draws them, in real seconds). Quit with q or Ctrl-C.
+
+    It reads the live jobs and the last --window seconds, not every job the broker has
+    seen: a view of a long allocation costs what its last hour holds."""
     from rich.console import Console
     from rich.live import Live
 
@@ -106,7 +119,7 @@ def watch(ctx, interval, once, profiled):
 
     def draw():
         try:
-            return frame(*_snapshot(api), console.width, profiled)
+            return frame(*_snapshot(api, window), console.width, profiled)
         except ValueError as exc:  # --profiled with a real job
             raise click.UsageError(str(exc)) from None
 

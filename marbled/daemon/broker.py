@@ -5,7 +5,9 @@ change the pure `State`; the loop then lets the policy decide (`core.decision`)
 and hands each action to the module that carries it out: `Runs` (the life of a
 run), `Ledger` (every store write). `Intake` admits submissions into the state.
 Deadlines known in advance (a policy's next decision, a retry's back-off, the
-allocation's end, GPU samples) are timers (`Timers`).
+allocation's end, GPU samples) are timers (`Timers`). Ends that come together are one
+decision (`EndCoalescer`); clients that wait for every job to end are answered from the
+loop (`EndWaiters`).
 What the broker holds grows with the live jobs, not with every job ever: a job that has
 ended for good leaves it (`Intake.forget_ended`).
 """
@@ -24,9 +26,9 @@ from marbled.core.learning import LearnedBook
 from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
-from marbled.core.progress import end_forecast
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock
+from marbled.daemon.coalesce import EndCoalescer
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.intake import Intake, Names, recorded
 from marbled.daemon.learner import Learner, starts_up
@@ -35,6 +37,7 @@ from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.recovery import recover
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.timers import Timers
+from marbled.daemon.waiters import EndWaiters
 from marbled.daemon.workfiles import JobFiles
 from marbled.store.db import Store
 
@@ -69,8 +72,7 @@ class Broker:
         self.started_at = self.clock.time()
         self.sampler = None  # an NvmlSampler of the broker's node, when it has real GPUs
         self._wake = asyncio.Event()
-        self._ending = False  # a run has ended since the last decision (see _coalesce)
-        self.coalescing = False  # the loop waits for the ends that come together
+        self.ends = EndCoalescer(self)  # the ends that come together: one decision
         self._reshaped: dict[int, float] = {}  # job -> when the policy last reshaped it
         self._refused: dict[int, float] = {}  # job -> the reshape whose repeat was logged
         self._held: dict[int, int | None] = {}  # job -> its run whose move waits (I6), logged
@@ -78,6 +80,7 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self.intake = Intake(self)
         self.timers = Timers(self)
+        self.end_waiters = EndWaiters(lambda: self.state.unfinished, self.ledger.flush)
 
     def recover(self) -> None:
         """Rebuild the state from the store; re-adopt runs whose process still lives."""
@@ -100,12 +103,13 @@ class Broker:
         self.ledger.on_recovered = self.wake
         while not (self.draining and not self.runs.live and not self.runs.launching):
             await self._wake.wait()
-            await self._coalesce()
+            await self.ends.coalesce()
             self._wake.clear()
             if self.failure is not None:
                 raise self.failure
             if not self.draining and self.ledger.fault is None:
                 self.decide()
+            self.end_waiters.check()
         self.ledger.flush()  # once more: the store may take what is held now
         self._idle.set()
         if self.ledger.fault is not None:
@@ -127,50 +131,6 @@ class Broker:
         log.error("the store could not commit (%s): stopping", exc)
         self.failure = exc
         self.wake()
-
-    async def _coalesce(self) -> None:
-        """After a run's end, wait until no other has ended for `coalesce_s`, and until the
-        runs whose progress says they end within `coalesce_max_s` have ended, at most
-        `coalesce_max_s` in all: short jobs that end a few ms apart (their processes started
-        a few ms apart) are one decision, as the simulator takes the ends of one instant, so
-        a neighbour is not resized, nor a run started and reshaped, at each of their ends.
-        With no other run due, the decision waits for the quiet period alone; with no run
-        left at all (live or being started), for nothing: no other end can come."""
-        quiet, loop = self.config.coalesce_s, asyncio.get_running_loop()
-        first = loop.time()
-        give_up = first + self.config.coalesce_max_s
-        self.coalescing = True
-        due: set[int] = set()
-        waited_for: set[int] = set()
-        while (self._ending or due & self.runs.live.keys()) and quiet > 0 \
-                and (self.runs.live or self.runs.launching) and loop.time() < give_up:
-            began = loop.time()
-            if self._ending:  # forecasts are read again at each end (a stat per live run)
-                self._ending = False
-                due = self._due_within(give_up - began)
-                waited_for |= due
-            # the reading is part of the quiet period, not added to it
-            await asyncio.sleep(max(min(began + quiet, give_up) - loop.time(), 0.0))
-        if waited_for:
-            log.debug("deciding %.0f ms after a run's end: waited for jobs %s, due to end "
-                      "(still running: %s)", (loop.time() - first) * 1000, sorted(waited_for),
-                      sorted(waited_for & self.runs.live.keys()) or "none")
-        self._ending = self.coalescing = False
-
-    def _due_within(self, horizon: float) -> set[int]:
-        """The running jobs whose run should end within `horizon` s, or should have ended
-        less than `coalesce_max_s` ago (later than that, its forecast is not one to wait on)."""
-        now, late = self.clock.time(), self.config.coalesce_max_s
-        due = set()
-        for job_id, live in self.runs.live.items():
-            job, steps = self.state.jobs[job_id], self.specs[job_id].steps
-            if job.state is not JobState.RUNNING or not steps or job.placement is None:
-                continue
-            end = end_forecast(self.files.progress(job_id, live.run_id), steps, len(job.gpus),
-                               job.placement.share, job.curve, now)
-            if end is not None and now - late <= end <= now + horizon:
-                due.add(job_id)
-        return due
 
     def wake(self) -> None:
         self._wake.set()
@@ -325,7 +285,7 @@ class Broker:
         self.wake()
 
     def _ended(self, ended: Ended) -> None:
-        self._ending = True
+        self.ends.ending = True
         if ended.retry_at is not None:
             self.state.suspended(ended.job_id, not_before=ended.retry_at)
             self.wake_at(ended.retry_at)
@@ -386,6 +346,7 @@ class Broker:
         """Suspend every running job to its checkpoint, record it, and stop."""
         if not self.draining:
             self.draining = True
+            self.end_waiters.close()
             self.ledger.event("drain", self.clock.time(), reason=reason)
             self.runs.standby.drop_all()
             for job in self.state.active():

@@ -34,7 +34,7 @@ class JobFiles:
     def __init__(self, state_dir: Path):
         self.root = Path(state_dir) / "jobs"
         # progress paths are joined as strings: a Path join costs more than the stat, and
-        # the broker reads every live run's progress at each end (Broker._coalesce)
+        # the broker reads every live run's progress at each end (EndCoalescer.coalesce)
         self._root = str(self.root)
         # Each job's last progress report as read, by what stat() says of its file: the
         # monitor and the API look often, a job reports every few seconds at most.

@@ -6,8 +6,9 @@ refused; the broker is alive afterwards with an intact database.
 Nothing the fuzzer submits may run. A rigid job holds all 6 GPUs for the whole test, so every
 generated job waits behind it; the broker runs with PATH set to an empty directory, so a
 generated command would not be found anyway; POST /v1/shutdown is left out, and a hook turns
-every cancel or suspend (any POST naming the holder's id) to another id. At the end the
-holder's run must be the only run the broker ever started.
+every cancel or suspend (any POST naming the holder's id) to another id, and cuts every
+GET /v1/wait's wait (a long poll the holder would hold) to 0.1 s. At the end the holder's
+run must be the only run the broker ever started.
 
 Two things no document can list are which jobs exist and which directories: a job that
 is not there (by id or name, in the path or in `after`, also an `after` id of the same
@@ -46,9 +47,9 @@ HOLDER = {"gpus": 6, "name": "holder",
 
 # Loaded by schemathesis (SCHEMATHESIS_HOOKS), in its process.
 HOOKS = textwrap.dedent('''
-    """Keep the holder job holding its GPUs; log every answer's status. Nothing else:
-    every generated request goes as generated, so every answer is one the document
-    must describe."""
+    """Keep the holder job holding its GPUs; cut the long poll's wait short; log every
+    answer's status. Nothing else: every other generated request goes as generated, so
+    every answer is one the document must describe."""
     import json
     import os
     import re
@@ -76,12 +77,30 @@ HOOKS = textwrap.dedent('''
                       else m.group(), text)
 
 
+    def _short_wait(case):
+        """GET /v1/wait is a long poll that the holder (never ending) holds to its timeout:
+        a timeout the document allows (or none: 30 s) is cut to 0.1 s, so that its
+        examples do not take minutes; any other value goes as generated (its refusal is
+        checked)."""
+        if case.path != "/v1/wait":
+            return
+        query = case.query if case.query is not None else {}
+        try:
+            timeout = float(query.get("timeout", 30))
+        except (TypeError, ValueError):
+            return
+        if 0.1 < timeout <= 300:
+            query["timeout"] = 0.1
+            case.query = query
+
+
     @schemathesis.hook
     def before_call(context, case, kwargs):
         """Safety, not steering: no generated request may cancel or suspend the holder
         (a job that ended would free the GPUs, and generated jobs would run). GETs go as
         generated: the holder's views, its run and log are answers to check too."""
         if case.method.upper() != "POST":
+            _short_wait(case)
             return
         for name, value in list((case.path_parameters or {}).items()):
             if _names_holder(value):

@@ -63,3 +63,24 @@ def test_watch_shows_the_jobs_updates_and_quits_on_q(daemon_factory, tmp_path):
     finally:
         subprocess.run(["tmux", "-L", "marbled-test", "kill-server"], capture_output=True,
                        env={**os.environ})
+
+
+def test_a_view_reads_the_window_not_every_job_ever(daemon):
+    """--window: a view reads the live jobs and those that ended within the window
+    (`?since=`), not every job the broker has seen; one that ended before it is not shown."""
+    daemon.submit({"command": ["true"], "gpus": 1, "name": "early-bird"})
+    daemon.wait_all()
+    time.sleep(2.5)
+    daemon.submit({"command": ["sleep", "600"], "gpus": 1, "name": "sleepy"})
+    daemon.wait_for(lambda: any(j["state"] == "running" for j in daemon.jobs()),
+                    what="the second job to run")
+
+    def view(window: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "marbled.cli.client_cmd", "--state-dir",
+                              str(daemon.state_dir), "watch", "--once", "--window", window],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "sleepy" in view("2") and "early-bird" not in view("2")
+    assert "early-bird" in view("3600")  # ended seconds ago: within the default hour
