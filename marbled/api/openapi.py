@@ -32,6 +32,7 @@ MAX_LOG_LINES = 100_000  # ... &tail=: the most lines
 MAX_TIME = 1e11  # ?since=: a Unix time in seconds below this (the year 5138)
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
 WAIT_S, MAX_WAIT_S = 30.0, 300.0  # GET /v1/wait?timeout=: by default, at most
+MAX_WAIT_JOBS = 300  # ... &job=: the most named (300 ids of 18 digits fit an 8 KiB request line)
 MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
 # POST /v1/jobs: a key that makes a retry answer with the first request's jobs (docs/api.md)
@@ -321,15 +322,23 @@ def _spec() -> dict:
                                                   "large job set in as many requests as they need",
                                    "responses": _answer("status", schema=_ref("Status"))}},
             "/v1/wait": {"get": {
-                "summary": "wait until every job has ended, at most `timeout` seconds: a long "
-                           "poll, answered as the last job ends (`marble wait`)",
-                "description": "`ended`: whether every job has ended; `jobs`: jobs by state, "
-                               "as in /v1/status; a draining broker answers at once "
-                               "(`draining`), with the jobs left for the next broker",
+                "summary": "wait until every job (or each `job` named) has ended, at most "
+                           "`timeout` seconds: a long poll, answered as the last one ends "
+                           "(`marble wait`)",
+                "description": "`ended`: whether they have all ended; `jobs`: those waited "
+                               "for by state (every job: as in /v1/status); a draining broker "
+                               "answers at once (`draining`), with the jobs left for the next "
+                               "broker",
                 "parameters": [{"name": "timeout", "in": "query",
                                 "description": "seconds to wait at most (0: answer at once)",
                                 "schema": {"type": "number", "minimum": 0,
-                                           "maximum": MAX_WAIT_S, "default": WAIT_S}}],
+                                           "maximum": MAX_WAIT_S, "default": WAIT_S}},
+                               {"name": "job", "in": "query", "style": "form", "explode": True,
+                                "description": "only these jobs (repeat it: job=3&job=4; 404 "
+                                               "for one that does not exist)",
+                                "schema": {"type": "array", "maxItems": MAX_WAIT_JOBS,
+                                           "items": {"type": "integer", "minimum": 1,
+                                                     "maximum": MAX_JOB_ID}}}],
                 "responses": _answer("ended, or the timeout passed", schema=_ref("Waited"))}},
             "/v1/jobs": {
                 "get": {"summary": "jobs in FIFO order, all or a page: `next` is the `after` that "

@@ -56,6 +56,7 @@ from marbled.api.openapi import (
     MAX_OFFSET,
     MAX_PAGE,
     MAX_RANK,
+    MAX_WAIT_JOBS,
     MAX_WAIT_S,
     WAIT_S,
     for_broker,
@@ -257,6 +258,21 @@ def _seconds(request: web.Request, name: str, most: float, default: float) -> fl
     return value
 
 
+def _job_ids(request: web.Request) -> list[int]:
+    """The `job` query parameters (repeated): job ids, at most MAX_WAIT_JOBS, each once."""
+    raw = request.query.getall("job", ())
+    if len(raw) > MAX_WAIT_JOBS:
+        raise Invalid(f"at most {MAX_WAIT_JOBS} jobs by id; to wait for every job, name none",
+                      "job")
+    ids = []
+    for value in raw:
+        if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_JOB_ID:
+            raise Invalid(f"job must be a job id: a whole number from 1 to {MAX_JOB_ID}",
+                          "job")
+        ids.append(int(value))
+    return list(dict.fromkeys(ids))
+
+
 def _since(request: web.Request) -> float | None:
     return parse_since(request.query.get("since"))
 
@@ -280,9 +296,13 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     async def wait(request: web.Request) -> web.Response:
         # a long poll: answered as the last job ends, at no cost before (marble wait)
         timeout = _seconds(request, "timeout", MAX_WAIT_S, WAIT_S)
-        ended = await commands.end_waiters.wait(timeout)
+        ids = _job_ids(request)
+        if ids:
+            views.counts_of(ids)  # 404 for a job that does not exist, before any wait
+        ended = await commands.end_waiters.wait(timeout, ids or None)
         status = views.status()
-        return web.json_response({"ended": ended, "jobs": status["jobs"],
+        return web.json_response({"ended": ended,
+                                  "jobs": views.counts_of(ids) if ids else status["jobs"],
                                   "draining": status["draining"]})
 
     @routes.post("/v1/jobs")

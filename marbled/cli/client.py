@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # as marbled.api.openapi names it (not imported: aiohttp)
+MAX_WAIT_JOBS = 300  # GET /v1/wait's most `job`s, as marbled.api.openapi has it (tests agree)
 SUBMIT_RETRIES = 3  # `marble submit` sends a submission again at most this many times
 
 

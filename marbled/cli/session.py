@@ -7,8 +7,8 @@ import time
 
 import click
 
-from marbled.cli.client import BrokerClient, BrokerUnreachable
-from marbled.cli.common import FINAL, call, client, json_option, output
+from marbled.cli.client import MAX_WAIT_JOBS, BrokerClient, BrokerUnreachable
+from marbled.cli.common import FINAL, call, client, job_id, json_option, output
 
 
 @click.command()
@@ -42,6 +42,7 @@ PROGRESS_S = 10.0  # seconds between progress lines (not on a terminal)
 
 
 @click.command()
+@click.argument("refs", metavar="[JOB]...", nargs=-1)
 @click.option("--timeout", type=click.FloatRange(min=0), default=None,
               help="Give up after this many seconds (exit status 2).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
@@ -51,17 +52,27 @@ PROGRESS_S = 10.0  # seconds between progress lines (not on a terminal)
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @json_option
 @click.pass_context
-def wait(ctx, timeout, interval, quiet, as_json):
-    """Wait until every job has ended, showing progress.
+def wait(ctx, refs, timeout, interval, quiet, as_json):
+    """Wait until every job has ended, or each JOB (ids or names), showing progress.
 
-    The broker answers the moment the last job ends (a long poll, GET /v1/wait): a batch
+    The broker answers the moment the last one ends (a long poll, GET /v1/wait): a batch
     script goes on at once, and a wait costs the broker nothing however many jobs it has
-    seen. With --json, every job at the end (GET /v1/jobs).
+    seen. With --json, the jobs at the end (as GET /v1/jobs shows them).
 
-    Exit status: 0 all jobs done, 1 some failed or were cancelled, 2 timed out, 3 the
-    broker stopped (drained) before every job ended: a note says so, not an error.
+    \b
+    Examples:
+      marble wait                        # every job, as a batch script's last step
+      marble wait prepare 17             # the job named 'prepare' and job 17
+
+    Exit status: 0 all done, 1 some failed or were cancelled, 2 timed out, 3 the
+    broker stopped (drained) before they ended: a note says so, not an error.
     """
     api = client(ctx)
+    ids = list(dict.fromkeys(job_id(api, ref) for ref in refs))
+    if len(ids) > MAX_WAIT_JOBS:
+        raise click.UsageError(f"wait for at most {MAX_WAIT_JOBS} jobs by id or name; for "
+                               "every job, name none")
+    named = "".join(f"&job={i}" for i in ids)
     start, since = time.monotonic(), time.time()
     bar = _Bar() if sys.stderr.isatty() and not quiet else None
     every = interval if bar else max(interval, PROGRESS_S)  # between progress updates
@@ -81,14 +92,15 @@ def wait(ctx, timeout, interval, quiet, as_json):
     hold = 0.0  # the first answer at once: the wait starts with a progress line
     try:
         while True:
-            answer = call(poll, f"/v1/wait?timeout={hold:g}")
+            answer = call(poll, f"/v1/wait?timeout={hold:g}{named}")
             answered = True
             counts = answer["jobs"]
             total, ended = sum(counts.values()), sum(counts.get(s, 0) for s in FINAL)
             now = time.monotonic()
             parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
             if bar:  # the steps of the jobs not ended when the wait began: O(live jobs)
-                bar.show(call(poll, f"/v1/jobs?since={since!r}")["jobs"],
+                shown = call(poll, f"/v1/jobs?since={since!r}")["jobs"]
+                bar.show([j for j in shown if j["id"] in ids] if ids else shown,
                          f"{ended}/{total} ended  {parts}")
             elif not quiet and (now - last_line >= every or answer["ended"]):
                 click.echo(f"[{now - start:6.1f}s] {ended}/{total} ended  {parts}", err=True)
@@ -97,7 +109,7 @@ def wait(ctx, timeout, interval, quiet, as_json):
                 if bar:
                     bar.stop()
                 if as_json:
-                    output(ctx, as_json, {"jobs": call(poll, "/v1/jobs")["jobs"]}, lambda: None)
+                    output(ctx, as_json, {"jobs": _views(api, ids)}, lambda: None)
                 ctx.exit(0 if counts.get("done", 0) == total else 1)
             if timeout is not None and now - start >= timeout:
                 if bar:
@@ -113,6 +125,19 @@ def wait(ctx, timeout, interval, quiet, as_json):
     finally:
         if bar:
             bar.stop()
+
+
+def _views(api: BrokerClient, ids: list[int]) -> list[dict]:
+    """The jobs `ids` as GET /v1/jobs shows them, in FIFO order (every job: none named),
+    read in pages from the first named to the last."""
+    if not ids:
+        return call(api.get, "/v1/jobs")["jobs"]
+    wanted, views, after = set(ids), [], min(ids) - 1
+    while after is not None and after < max(ids):
+        page = call(api.get, f"/v1/jobs?after={after}&limit=1000")
+        views += [j for j in page["jobs"] if j["id"] in wanted]
+        after = page["next"]
+    return views
 
 
 def _stopped(ctx: click.Context, as_json: bool, exc: Exception) -> None:

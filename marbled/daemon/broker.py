@@ -80,7 +80,8 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self.intake = Intake(self)
         self.timers = Timers(self)
-        self.end_waiters = EndWaiters(lambda: self.state.unfinished, self.ledger.flush)
+        self.end_waiters = EndWaiters(lambda: self.state.unfinished, self._has_ended,
+                                      self.ledger.flush)
 
     def recover(self) -> None:
         """Rebuild the state from the store; re-adopt runs whose process still lives."""
@@ -252,6 +253,11 @@ class Broker:
         self._forget_reshapes(job_id)
         self.ledger.job_ended(job_id, state, reason, self.clock.time())
         self.intake.leaving.append(job_id)
+
+    def _has_ended(self, job_id: int) -> bool:
+        """Whether a job that exists has ended (one the state no longer holds has)."""
+        job = self.state.jobs.get(job_id)
+        return job is None or job.state.finished
 
     def _forget_reshapes(self, job_id: int) -> None:
         """An ended job is reshaped no more: the loop guard need not keep it."""

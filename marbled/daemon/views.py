@@ -6,6 +6,7 @@ import asyncio
 import functools
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,14 @@ class Views:
             "started_at": b.started_at,
             "time_scale": b.config.time_scale,
         }
+
+    def counts_of(self, ids: Iterable[int]) -> dict[str, int]:
+        """The jobs `ids` by state; NotFound for one that does not exist."""
+        counts: dict[str, int] = {}
+        for job_id in ids:
+            state = self.broker.intake.state_of(job_id).value
+            counts[state] = counts.get(state, 0) + 1
+        return counts
 
     def jobs(self, states: tuple[str, ...] = (), after: int = 0, limit: int | None = None,
              name: str | None = None,

@@ -60,6 +60,7 @@ COMMANDS = [
      "--steps: must be a whole number"),
     (("status", "--all"), 0, " done "),
     (("status",), 0, "ended since the broker started: 1 done"),
+    (("wait", "1"), 0, "1/1 ended  done=1"),
     (("show", "2"), 0, "resnt-50"),
     (("logs", "1"), 0, ""),
     (("cancel", "2"), 0, "cancel requested for job 2"),

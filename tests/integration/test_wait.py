@@ -133,3 +133,46 @@ def test_marble_wait_says_so_when_its_broker_is_killed_under_it(daemon):
     assert waiter.returncode == 3, err
     assert "the broker stopped (it drained) with 1 of 1 jobs not ended" in err, err
     assert "Traceback" not in err
+
+
+def test_a_wait_for_named_jobs_ends_as_they_end_while_others_run(daemon):
+    """`marble wait JOB...` (ids or names) and `GET /v1/wait?job=`: answered as the jobs
+    named have ended, a fixed-count plain command and an emulated one on `auto`, while a
+    third runs on; a job that does not exist is a 404, and a name no job has says so."""
+    first, second, _ = daemon.submit(
+        {"command": ["sleep", "1"], "gpus": 2, "name": "prepare"},
+        {"model": "resnet-50", "steps": 200, "emulate": True},
+        {"command": ["sleep", "600"], "gpus": 1, "name": "server"})
+    out = marble(daemon.state_dir, "wait", "prepare", str(second["id"]), "--json")
+    assert out.returncode == 0, out.stderr
+    assert [(j["id"], j["state"]) for j in json.loads(out.stdout)["jobs"]] == \
+        [(first["id"], "done"), (second["id"], "done")]
+    assert "2/2 ended  done=2" in out.stderr
+    answer = daemon.client.get(f"/v1/wait?timeout=0&job={first['id']}&job={first['id']}")
+    assert answer == {"ended": True, "jobs": {"done": 1}, "draining": False}
+    assert daemon.client.get("/v1/wait?timeout=0")["ended"] is False  # the server runs on
+
+    with pytest.raises(ApiError) as missing:
+        daemon.client.get("/v1/wait?timeout=5&job=999")
+    assert missing.value.status == 404 and "no job 999" in str(missing.value)
+    with pytest.raises(ApiError) as bad:
+        daemon.client.get("/v1/wait?job=0")
+    assert bad.value.status == 400 and bad.value.field == "job"
+    out = marble(daemon.state_dir, "wait", "no-such-name")
+    assert out.returncode == 1 and "no job is named 'no-such-name'" in out.stderr
+
+
+def test_a_wait_for_too_many_named_jobs_is_refused_with_what_to_do(daemon):
+    """A request line holds 300 ids (of up to 18 digits): a wait for more says to name
+    none (every job)."""
+    from marbled.api.openapi import MAX_WAIT_JOBS
+    from marbled.cli.client import MAX_WAIT_JOBS as CLIENTS
+
+    assert CLIENTS == MAX_WAIT_JOBS  # the client's copy (it does not import the API's)
+    query = "&".join(f"job={i}" for i in range(1, MAX_WAIT_JOBS + 2))
+    with pytest.raises(ApiError) as refused:
+        daemon.client.get(f"/v1/wait?timeout=0&{query}")
+    assert refused.value.status == 400 and "name none" in str(refused.value)
+    jobs = daemon.submit(*[{"command": ["true"], "gpus": 1}] * (MAX_WAIT_JOBS + 1))
+    out = marble(daemon.state_dir, "wait", *(str(j["id"]) for j in jobs))
+    assert out.returncode == 2 and "at most 300 jobs" in out.stderr, out.stderr
