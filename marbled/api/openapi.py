@@ -33,6 +33,10 @@ MAX_TIME = 1e11  # ?since=: a Unix time in seconds below this (the year 5138)
 MAX_OFFSET = 2**62  # ... &offset=: larger than any file
 WAIT_S, MAX_WAIT_S = 30.0, 300.0  # GET /v1/wait?timeout=: by default, at most
 MAX_WAIT_JOBS = 300  # ... &job=: the most named (300 ids of 18 digits fit an 8 KiB request line)
+# The longest request line the server reads. aiohttp's parser answers a longer one itself
+# (a text/plain 400, outside this document), so it is far above any valid query (8 KiB):
+# an invalid one, say 300 names for ids, reaches the handlers, which refuse it in JSON.
+MAX_REQUEST_LINE = 256 * 1024
 MAX_RANK = 999_999  # ... &rank=: beyond any run's GPU count (the run's own count is checked)
 ERROR = {"$ref": "#/components/schemas/Error"}
 # POST /v1/jobs: a key that makes a retry answer with the first request's jobs (docs/api.md)

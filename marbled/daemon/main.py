@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from marbled.api.openapi import MAX_REQUEST_LINE
 from marbled.api.server import build_app
 from marbled.batch.base import Launcher
 from marbled.batch.local import LocalLauncher
@@ -119,7 +120,8 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
 
     token = secrets.token_urlsafe(32) if listen else None
     app = build_app(broker, Views(broker), shutdown, token, metrics=broker.metrics)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           max_line_size=MAX_REQUEST_LINE)
     await runner.setup()
     path = socket_path(config.state_dir)
     path.unlink(missing_ok=True)  # we hold the lock, so any socket here is stale

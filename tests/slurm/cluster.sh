@@ -46,6 +46,7 @@ install_packages() {
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
   [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  exec 8>&-  # let go of it: a daemon started later must not inherit (and hold) it
   return 0
 }
 
@@ -170,7 +171,7 @@ up() {
   chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge
   if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged --force 7>&-  # (the daemons do not hold the lock)
+    runuser -u munge -- /usr/sbin/munged --force 7>&- 8>&-  # (the daemons hold no lock)
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
   fi
   alive "$(pid_of "$D/run/slurmctld.pid")" || all_up=0
@@ -179,10 +180,10 @@ up() {
     down 2>/dev/null
     # a fresh controller restarts job ids at 1: old slurmd credentials would be "revoked"
     rm -rf "${D:?}/state"/* "${D:?}/spool"/*
-    slurmctld 7>&- || die "slurmctld failed: $(tail -3 "$D/log/slurmctld.log")"
+    slurmctld 7>&- 8>&- || die "slurmctld failed: $(tail -3 "$D/log/slurmctld.log")"
     while read -r n port; do
       mkdir -p "$D/spool/$n"
-      slurmd -N "$n" 7>&- || die "slurmd $n failed: $(tail -3 "$D/log/slurmd.$n.log")"
+      slurmd -N "$n" 7>&- 8>&- || die "slurmd $n failed: $(tail -3 "$D/log/slurmd.$n.log")"
     done < <(nodes)
   fi
   local end=$((SECONDS + 60)) st
