@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +95,9 @@ def find_run_process(run_dir: str, run_id: int) -> int | None:
             continue
         pid = int(entry)
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                raw = f.read()
             if os.getsid(pid) != pid:
                 continue
+            raw = _environ(pid)
         except OSError:
             continue
         env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
@@ -110,6 +110,20 @@ def find_run_process(run_dir: str, run_id: int) -> int | None:
         if go and _go_run_id(go) == run_id:
             return pid
     return None
+
+
+def _environ(pid: int, tries: int = 50) -> bytes:
+    """/proc/PID/environ, read again (1 ms apart) while it is empty: a process in the midst
+    of its exec has its new memory and no environment yet, after the exec has already
+    closed the pipe that told its parent it succeeded (the kernel sets the environment's
+    bounds when it lays out the new stack): a run looked for at once after its launch
+    was missed so, once in a CI run."""
+    for _ in range(tries):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if raw := f.read():
+                return raw
+        time.sleep(0.001)
+    return b""
 
 
 def find_launched_process(run_dir: str, run_id: int) -> int | None:
