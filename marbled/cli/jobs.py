@@ -73,11 +73,16 @@ from marbled.core.shapes import gpus_text, shape_text
 @click.option("--chdir", type=click.Path(path_type=Path, file_okay=False),
               help="Run the job in this directory (relative to this one). [default: the "
                    "directory marble submit runs in; with --file, the file's]")
+@click.option("--wait", "wait", is_flag=True,
+              help="Then wait until the jobs submitted have ended, as 'marble wait' does "
+                   "(sbatch --wait, hq submit --wait): progress on stderr; the exit status "
+                   "is 0 if all are done, 1 if any failed or was cancelled, 3 if the broker "
+                   "stopped first; with --json, the jobs as they ended.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulate, new_model,
-           job_file, export, chdir, as_json, command):
+           job_file, export, chdir, wait, as_json, command):
     """Queue a training job: marble submit [OPTIONS] -- COMMAND [ARGS]...
 
     The job starts when the FIFO reaches it, in the directory it was submitted
@@ -180,21 +185,29 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
 
         result = call(send, place=place)
 
-    def text() -> None:
+    def text(lines: bool = True) -> None:
         for job in result["jobs"]:
             how = "auto" if job["malleable"] else "fixed"
             shape = shape_text(job["demand"], job.get("nodes") or 1, job.get("nodes_min"),
                                bool(job.get("per_gpu")))
-            click.echo(f"submitted job {job['id']}"
-                       + (f" ({job['name']})" if job["name"] else "")
-                       + f": {shape} ({how}"
-                       + (", one process per GPU)" if job.get("per_gpu") else ")"))
+            if lines:
+                click.echo(f"submitted job {job['id']}"
+                           + (f" ({job['name']})" if job["name"] else "")
+                           + f": {shape} ({how}"
+                           + (", one process per GPU)" if job.get("per_gpu") else ")"))
             for note in job.get("notes", ()):
                 click.echo(f"note: job {job['id']}: {note} (say "
                            + ("'new_model: true'" if job_file else "--new-model")
                            + " if you mean it)", err=True)
 
-    output(ctx, as_json, result, text)
+    if not wait:
+        output(ctx, as_json, result, text)
+        return
+    from marbled.cli.session import wait_for
+
+    text(lines=not as_json)  # with --json, one document: the jobs as they ended
+    wait_for(ctx, api, [job["id"] for job in result["jobs"]], timeout=None, interval=1.0,
+             quiet=False, as_json=as_json)
 
 
 def _number(text: str | None) -> int | str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 
 import click
 
@@ -69,10 +70,15 @@ def wait(ctx, refs, timeout, interval, quiet, as_json):
     """
     api = client(ctx)
     ids = list(dict.fromkeys(job_id(api, ref) for ref in refs))
-    if len(ids) > MAX_WAIT_JOBS:
-        raise click.UsageError(f"wait for at most {MAX_WAIT_JOBS} jobs by id or name; for "
-                               "every job, name none")
-    named = "".join(f"&job={i}" for i in ids)
+    wait_for(ctx, api, ids, timeout, interval, quiet, as_json)
+
+
+def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: float | None,
+             interval: float, quiet: bool, as_json: bool) -> None:
+    """`marble wait`'s wait for the jobs `ids` (every job: none), also `marble submit
+    --wait`'s; exits with its status. The broker waits for 300 ids at most (a request
+    line's), so more are waited for 300 at a time: all have ended once each part has."""
+    parts = [ids[i:i + MAX_WAIT_JOBS] for i in range(0, len(ids), MAX_WAIT_JOBS)] or [[]]
     start, since = time.monotonic(), time.time()
     bar = _Bar() if sys.stderr.isatty() and not quiet else None
     every = interval if bar else max(interval, PROGRESS_S)  # between progress updates
@@ -89,39 +95,49 @@ def wait(ctx, refs, timeout, interval, quiet, as_json):
                 bar.stop()
             _stopped(ctx, as_json, exc)
 
-    hold = 0.0  # the first answer at once: the wait starts with a progress line
+    wanted = set(ids)
+    settled: Counter = Counter()  # the states of the parts waited for already
     try:
-        while True:
-            answer = call(poll, f"/v1/wait?timeout={hold:g}{named}")
-            answered = True
-            counts = answer["jobs"]
-            total, ended = sum(counts.values()), sum(counts.get(s, 0) for s in FINAL)
-            now = time.monotonic()
-            parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            if bar:  # the steps of the jobs not ended when the wait began: O(live jobs)
-                shown = call(poll, f"/v1/jobs?since={since!r}")["jobs"]
-                bar.show([j for j in shown if j["id"] in ids] if ids else shown,
-                         f"{ended}/{total} ended  {parts}")
-            elif not quiet and (now - last_line >= every or answer["ended"]):
-                click.echo(f"[{now - start:6.1f}s] {ended}/{total} ended  {parts}", err=True)
-                last_line = now
-            if answer["ended"]:
-                if bar:
-                    bar.stop()
-                if as_json:
-                    output(ctx, as_json, {"jobs": _views(api, ids)}, lambda: None)
-                ctx.exit(0 if counts.get("done", 0) == total else 1)
-            if timeout is not None and now - start >= timeout:
-                if bar:
-                    bar.stop()
-                click.echo(f"timed out after {timeout:g} s with {total - ended} jobs not "
-                           "ended", err=True)
-                ctx.exit(2)
-            if answer["draining"]:  # answered at once until it stops: its records say then
-                time.sleep(min(interval, 1.0))
-            left = float("inf") if timeout is None else timeout - (time.monotonic() - start)
-            # (held well within the client's own timeout for an answer)
-            hold = max(min(every, left, api.timeout / 2), 0.0)
+        for n, part in enumerate(parts):
+            named = "".join(f"&job={i}" for i in part)
+            last_part = n == len(parts) - 1
+            hold = 0.0  # the first answer at once: the wait starts with a progress line
+            while True:
+                answer = call(poll, f"/v1/wait?timeout={hold:g}{named}")
+                answered = True
+                if answer["ended"] and not last_part:
+                    settled.update(answer["jobs"])
+                    break
+                counts = settled + Counter(answer["jobs"])
+                total = len(ids) or sum(counts.values())
+                ended = sum(counts.get(s, 0) for s in FINAL)
+                now = time.monotonic()
+                states = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                if bar:  # the steps of the jobs not ended when the wait began: O(live jobs)
+                    shown = call(poll, f"/v1/jobs?since={since!r}")["jobs"]
+                    bar.show([j for j in shown if j["id"] in wanted] if ids else shown,
+                             f"{ended}/{total} ended  {states}")
+                elif not quiet and (now - last_line >= every or answer["ended"]):
+                    click.echo(f"[{now - start:6.1f}s] {ended}/{total} ended  {states}",
+                               err=True)
+                    last_line = now
+                if answer["ended"]:
+                    if bar:
+                        bar.stop()
+                    if as_json:
+                        output(ctx, as_json, {"jobs": _views(api, ids)}, lambda: None)
+                    ctx.exit(0 if counts.get("done", 0) == total else 1)
+                if timeout is not None and now - start >= timeout:
+                    if bar:
+                        bar.stop()
+                    click.echo(f"timed out after {timeout:g} s with {total - ended} jobs not "
+                               "ended", err=True)
+                    ctx.exit(2)
+                if answer["draining"]:  # answered at once until it stops: its records say
+                    time.sleep(min(interval, 1.0))
+                left = float("inf") if timeout is None else timeout - (time.monotonic() - start)
+                # (held well within the client's own timeout for an answer)
+                hold = max(min(every, left, api.timeout / 2), 0.0)
     finally:
         if bar:
             bar.stop()

@@ -162,9 +162,11 @@ def test_a_wait_for_named_jobs_ends_as_they_end_while_others_run(daemon):
     assert out.returncode == 1 and "no job is named 'no-such-name'" in out.stderr
 
 
-def test_a_wait_for_too_many_named_jobs_is_refused_with_what_to_do(daemon):
-    """A request line holds 300 ids (of up to 18 digits): a wait for more says to name
-    none (every job)."""
+def test_a_wait_for_more_jobs_than_a_request_names_goes_in_parts(daemon):
+    """A request line holds 300 ids (of up to 18 digits): the API refuses more, saying to
+    name none (every job); `marble wait` waits for more 300 at a time, and its counts and
+    exit status are those of them all (a failure in the first part: exit 1), while a job
+    it was not asked about runs on."""
     from marbled.api.openapi import MAX_WAIT_JOBS
     from marbled.cli.client import MAX_WAIT_JOBS as CLIENTS
 
@@ -180,6 +182,39 @@ def test_a_wait_for_too_many_named_jobs_is_refused_with_what_to_do(daemon):
     with pytest.raises(ApiError) as refused:
         daemon.client.get(f"/v1/wait?timeout=0&{names}")
     assert refused.value.status == 400 and refused.value.field == "job"
-    jobs = daemon.submit(*[{"command": ["true"], "gpus": 1}] * (MAX_WAIT_JOBS + 1))
-    out = marble(daemon.state_dir, "wait", *(str(j["id"]) for j in jobs))
-    assert out.returncode == 2 and "at most 300 jobs" in out.stderr, out.stderr
+    daemon.submit({"command": ["sleep", "600"], "gpus": 1})
+    jobs = daemon.submit({"command": ["false"], "gpus": 1},
+                         *[{"command": ["true"], "gpus": 1}] * MAX_WAIT_JOBS)
+    out = marble(daemon.state_dir, "wait", "--json", *(str(j["id"]) for j in jobs))
+    assert out.returncode == 1, out.stderr
+    assert "301/301 ended  done=300 failed=1" in out.stderr, out.stderr
+    views = json.loads(out.stdout)["jobs"]
+    assert [j["id"] for j in views] == [j["id"] for j in jobs]
+    assert [j["state"] for j in views] == ["failed"] + ["done"] * MAX_WAIT_JOBS
+
+
+def test_submit_wait_returns_as_its_jobs_end_with_their_exit_status(daemon_factory):
+    """`marble submit --wait` (sbatch --wait, hq submit --wait), on two nodes: a plain
+    command on a fixed count returns 0 once it is done, one that fails returns 1, while a
+    job submitted before runs on; `--file --wait --json` prints one JSON document, the
+    file's jobs (an emulated one on `auto`, a plain one on 2 GPUs) as they ended."""
+    d = daemon_factory("--nodes", "2", gpus=2)
+    d.submit({"command": ["sleep", "600"], "gpus": 1, "name": "server"})
+    out = marble(d.state_dir, "submit", "--gpus", "2", "--wait", "--", "sh", "-c",
+                 "sleep 0.3; echo trained")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("submitted job 2: 2 GPUs (fixed)"), out.stdout
+    assert "1/1 ended  done=1" in out.stderr
+    assert d.client.get("/v1/jobs/2")["state"] == "done"
+    out = marble(d.state_dir, "submit", "--wait", "--gpus", "1", "--", "false")
+    assert out.returncode == 1 and "1/1 ended  failed=1" in out.stderr, out.stderr
+
+    jobs = d.state_dir.parent / "jobs.yaml"
+    jobs.write_text("- {model: resnet-50, steps: 200, emulate: true}\n"
+                    "- {command: [sh, -c, 'sleep 0.2'], gpus: 2}\n")
+    out = marble(d.state_dir, "submit", "--file", str(jobs), "--wait", "--json")
+    assert out.returncode == 0, out.stderr
+    views = json.loads(out.stdout)["jobs"]  # one document: the jobs as they ended
+    assert [(j["id"], j["state"]) for j in views] == [(4, "done"), (5, "done")]
+    assert views[0]["malleable"] and not views[1]["malleable"]
+    assert d.client.get("/v1/jobs/1")["state"] == "running"  # the server was not waited for
