@@ -53,7 +53,7 @@ HOOKS = textwrap.dedent('''
     import json
     import os
     import re
-    from urllib.parse import unquote
+    from urllib.parse import quote, unquote
 
     import schemathesis
 
@@ -70,11 +70,13 @@ HOOKS = textwrap.dedent('''
 
 
     def _spare(value):
+        """`value` with the holder's id made another, percent-encoded again: the decoded
+        text may hold a '#' or '?', which sent raw would end the path."""
         if isinstance(value, int) and not isinstance(value, bool):
             return ELSEWHERE
         text = unquote(unquote(str(value)))
-        return re.sub(r"\\d+", lambda m: str(ELSEWHERE) if int(m.group()) == HOLDER
-                      else m.group(), text)
+        return quote(re.sub(r"\\d+", lambda m: str(ELSEWHERE) if int(m.group()) == HOLDER
+                            else m.group(), text), safe="")
 
 
     def _short_wait(case):
