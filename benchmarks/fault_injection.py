@@ -292,11 +292,11 @@ def _fill_while_running(state: Path, logs: Path, marks: Path, fills: int, plain:
     while result.fills < fills and unfinished(state):
         time.sleep(rng.uniform(0.2, 1.5))
         filler = state / "filler"
-        with open(filler, "wb") as f:  # to the last byte the tmpfs has
+        # to the last byte the tmpfs has; unbuffered, so that no byte is left for close()
+        with open(filler, "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         result.fills += 1
