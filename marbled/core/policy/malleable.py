@@ -18,7 +18,8 @@ Choices where the paper leaves room or does not fit a node-level broker:
   and one left there on its count keeps running (the paper's reallocation is
   "unrestricted"; moving it would cost t_pm for nothing); but a node left
   with no job and vacant GPUs takes a running job that gets more GPUs there
-  from a node it shares (no node idles beside a crowded one);
+  (no node idles beside a crowded one, nor beside a job short of GPUs that
+  others hold);
 * a run is not reshaped at the instant it started (with no cost, plans
   remade at one instant once a job may change node moved jobs forever);
 * reshape, then start: if the new shares need suspensions, a decision asks for
