@@ -125,10 +125,12 @@ def test_random_multi_node_workloads(policy, spec):
         assert idle_node_while_below_optimum(result, 3) == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="known: malleable shrinks job 1 to 1 GPU for job 8 at "
-                   "59 s, then at 60 s moves job 8 from GPU 1 to GPU 3 of node0 (the same "
-                   "count) to grow job 1 back to GPUs 0-1 (found by a random search)")
 def test_malleable_moves_no_secondary_to_the_same_count_to_regrow_a_primary():
+    """Found by a random search: malleable shrank job 1 to 1 GPU for job 8 at 59 s, then at
+    60 s, both suspended to reshape, planned them as waiting jobs on node0 alone (the node
+    with most GPUs left, first on a tie), job 8 on 1 GPU again (GPU 3), while node1 had two
+    GPUs vacant: a node given no job took only a running job. It takes a waiting one too
+    that gets more GPUs there: job 8 runs on node1's two."""
     spec = [(0, "two", 647), (0, "two", 109), (0, "two", 109), (0, "one", 61), (0, "two", 107),
             (0, "one", 60), (0, "one", 60), (59, "two", 302)]
     arrivals = sorted((job(at, m, steps) for at, m, steps in spec), key=lambda a: a.at)

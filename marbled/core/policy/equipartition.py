@@ -305,21 +305,22 @@ def _shares(mine: list[Job], seats: int, least: dict[int, int]) -> list[int]:
 
 def _fill_idle(on: dict[str, list[Job]], counts: dict[str, list[int]], room: dict[str, int],
                homes: dict[int, Placement], least: dict[int, int]) -> None:
-    """A node given no job while it has vacant GPUs takes the running job that gains most
-    GPUs by moving there: no node idles beside a crowded one (a running job is kept on its
-    node, so two could share one on half each while the next emptied). The job may be the
-    only one the plan has on its node: the rest of that node may be held by runs that are
-    not the plan's to move (rigid, or near their end). A job moves only to more GPUs than
-    it would get at home and than it holds now (never to its count on another node), and
-    each node is filled once, so a plan ends."""
+    """A node given no job while it has vacant GPUs takes the job that gains most GPUs by
+    moving there: no node idles beside a crowded one (a running job is kept on its node,
+    and a waiting one goes to the node with most GPUs left, first on a tie, so two could
+    share one on half each while the next emptied). The job may be the only one the plan
+    has on its node: the rest of that node may be held by runs that are not the plan's to
+    move (rigid, or near their end). A job moves only to more GPUs than the plan gives it
+    and than it holds now (a running job never to its count on another node), and each
+    node is filled once, so a plan ends."""
     for node in [n for n, mine in on.items() if not mine and room[n] > 0]:
         best, gain = None, 0
         for other, mine in on.items():
             for job, count in zip(mine, counts[other], strict=True):
                 there = job.fit(min(job.demand, room[node]))
                 home = homes.get(job.id)
-                if home is None or there is None or there < least[job.id] \
-                        or there <= max(count, len(home.gpus)):
+                held = len(home.gpus) if home is not None else 0
+                if there is None or there < least[job.id] or there <= max(count, held):
                     continue
                 if there - count > gain:
                     best, gain = (job, other), there - count

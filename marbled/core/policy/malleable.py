@@ -17,9 +17,9 @@ Choices where the paper leaves room or does not fit a node-level broker:
 * sticky placement: a running job is placed on its own node and GPUs first,
   and one left there on its count keeps running (the paper's reallocation is
   "unrestricted"; moving it would cost t_pm for nothing); but a node left
-  with no job and vacant GPUs takes a running job that gets more GPUs there
-  (no node idles beside a crowded one, nor beside a job short of GPUs that
-  others hold);
+  with no job and vacant GPUs takes a job, running or waiting, that gets more
+  GPUs there (no node idles beside a crowded one, nor beside a job short of
+  GPUs that others hold);
 * a run is not reshaped at the instant it started (with no cost, plans
   remade at one instant once a job may change node moved jobs forever);
 * reshape, then start: if the new shares need suspensions, a decision asks for

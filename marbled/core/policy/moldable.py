@@ -2,7 +2,8 @@
 
 At each decision the eligible waiting jobs share out the vacant GPUs (and the
 room left on shared GPUs) by Equipartition with D'Hondt (`equipartition.py`,
-which lists the cases and how we fitted them to a node-level broker). Running
+which lists the cases and how we fitted them to a node-level broker; a node left
+with no job takes a job that gets more GPUs there). Running
 jobs are never touched: that is the malleable variant (`malleable.py`).
 
 As published, a job keeps the count it started with to its end: a long job that
