@@ -185,27 +185,33 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
 
         result = call(send, place=place)
 
-    def text(lines: bool = True) -> None:
+    def notes(job: dict) -> None:
+        for note in job.get("notes", ()):
+            click.echo(f"note: job {job['id']}: {note} (say "
+                       + ("'new_model: true'" if job_file else "--new-model")
+                       + " if you mean it)", err=True)
+
+    def text() -> None:
         for job in result["jobs"]:
             how = "auto" if job["malleable"] else "fixed"
             shape = shape_text(job["demand"], job.get("nodes") or 1, job.get("nodes_min"),
                                bool(job.get("per_gpu")))
-            if lines:
-                click.echo(f"submitted job {job['id']}"
-                           + (f" ({job['name']})" if job["name"] else "")
-                           + f": {shape} ({how}"
-                           + (", one process per GPU)" if job.get("per_gpu") else ")"))
-            for note in job.get("notes", ()):
-                click.echo(f"note: job {job['id']}: {note} (say "
-                           + ("'new_model: true'" if job_file else "--new-model")
-                           + " if you mean it)", err=True)
+            click.echo(f"submitted job {job['id']}"
+                       + (f" ({job['name']})" if job["name"] else "")
+                       + f": {shape} ({how}"
+                       + (", one process per GPU)" if job.get("per_gpu") else ")"))
+            notes(job)
 
     if not wait:
         output(ctx, as_json, result, text)
         return
     from marbled.cli.session import wait_for
 
-    text(lines=not as_json)  # with --json, one document: the jobs as they ended
+    if as_json:  # one document: the jobs as they ended (the notes on stderr)
+        for job in result["jobs"]:
+            notes(job)
+    else:
+        text()
     wait_for(ctx, api, [job["id"] for job in result["jobs"]], timeout=None, interval=1.0,
              quiet=False, as_json=as_json)
 

@@ -260,7 +260,7 @@ def test_a_process_in_the_midst_of_its_exec_is_read_with_its_environment():
     environment again until it is there."""
     from marbled.batch.local import _environ
 
-    for _ in range(200):  # about 14 empty first reads, measured
+    for _ in range(200):  # about 14 empty first reads expected (144 in 2,000)
         proc = subprocess.Popen(["sleep", "5"], env={"MARBLE_RUN_ID": "7"},
                                 start_new_session=True)
         try:
