@@ -19,7 +19,8 @@ def policy_settings(command: Callable) -> Callable:
     for option, policies in reversed(all_options().values()):
         command = click.option(
             option.flag, option.name, default=option.default, show_default=True,
-            type=click.FloatRange(min=option.minimum, min_open=option.positive),
+            type=click.FloatRange(min=option.minimum, min_open=option.positive,
+                                  max=option.maximum),
             help=f"With --policy {' or '.join(policies)}: {option.help}.")(command)
     return command
 

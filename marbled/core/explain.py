@@ -36,6 +36,8 @@ def reasons(job: Job, state: State, policy: Policy, now: float,
     lines = [f"it has ended: {job.state.value}" if job.state.finished
              else f"it {policy.explain(job, state, now)}"]
     lines += _count(job, state, policy, now, aim, scale)
+    if not job.state.finished and (plan := policy.plan_line()):
+        lines.append(plan)
     if job.state in (JobState.QUEUED, JobState.SUSPENDED) and job.resume_on is None:
         lines += _wait(job, state, now, expected_start, ends)
         lines += _overtaken(job, state, policy)

@@ -8,11 +8,13 @@ import fcntl
 import gc
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import signal
 import socket
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -103,6 +105,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
     broker = Broker(config, store, launcher, policy)
+    planner = _plan_beside(policy, broker)
     if config.sample_interval > 0 and launcher.name == "local" \
             and not gpu_source.startswith("emulated"):
         try:
@@ -154,6 +157,8 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     finally:
         await runner.cleanup()
         launcher.close()
+        if planner is not None:
+            planner.shutdown(wait=False, cancel_futures=True)
         for stale in (path, config.state_dir / TOKEN_NAME, config.state_dir / ENDPOINT_NAME):
             stale.unlink(missing_ok=True)
         if broker.sampler:
@@ -168,6 +173,17 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
+
+
+def _plan_beside(policy: Policy, broker: Broker) -> ProcessPoolExecutor | None:
+    """A policy that plans by simulation (whatif) plans in a process beside the broker's
+    loop, which it never holds up; its cost is shown in /metrics."""
+    if not hasattr(policy, "background"):
+        return None
+    # spawned, not forked: the loop's threads (the store's writer) must not be copied mid-lock
+    policy.background = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    broker.metrics.watch_planner(policy)
+    return policy.background
 
 
 def _tracemalloc_start() -> str | None:

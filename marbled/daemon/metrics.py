@@ -73,6 +73,16 @@ class BrokerMetrics:
         r.register(_Live(state))
         self._draining = False
 
+    def watch_planner(self, planner) -> None:
+        """The what-if planner's plans and their CPU, read from it (`policy.whatif`) at each
+        scrape: what its process beside the broker costs."""
+        for name, what, read in (
+                ("marbled_planner_plans", "Plans the what-if planner adopted.", "plans"),
+                ("marbled_planner_cpu_seconds", "CPU seconds the what-if planner's plans "
+                 "took, in its process beside the broker's loop.", "cpu_s")):
+            Gauge(name, what, registry=self.registry).set_function(
+                lambda attr=read: getattr(planner, attr))
+
     def watch_store(self, held: Callable[[], int]) -> None:
         """Read the writes the ledger holds (`held`) at each scrape."""
         self.store_held.set_function(held)

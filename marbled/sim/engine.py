@@ -14,6 +14,10 @@ thousand jobs on 64 nodes in seconds (`benchmarks/simulator_speed.py`).
 A job on several nodes (a count, or a range placed by `core/policy/spread.py`) holds its
 GPUs on every node of a run and trains at its curve's speed at its count on each node, as
 the broker forecasts it and an emulated job trains: profiles are per node (docs/slurm.md).
+
+A simulation may start from a live state (the what-if planner's, `core/policy/whatif.py`):
+`running` names the jobs of the workload (submitted at or before 0) whose runs are under way at 0,
+each with its placement, when its run started and when it trains from; the rest wait.
 """
 
 from __future__ import annotations
@@ -206,6 +210,18 @@ def _held(p: Placement) -> float:
     return sum(len(gpus) for _, gpus in p.parts()) / p.share
 
 
+@dataclass(frozen=True)
+class Underway:
+    """A run under way when the simulation starts: where it runs, as what, when it started
+    (at or before 0) and when its training started or starts (after its start-up); the job's
+    steps are what it has left at 0, or at that start if later."""
+
+    placement: Placement
+    role: Role
+    started: float = 0.0
+    trains_from: float = 0.0
+
+
 @dataclass
 class _Live:
     run_start: float
@@ -267,7 +283,10 @@ class Simulator:
         if never:
             raise WorkloadError(where, *never)
 
-    def run(self, workload: list[JobSpec] | list[Arrival]) -> SimResult:
+    def run(self, workload: list[JobSpec] | list[Arrival],
+            running: dict[int, Underway] | None = None) -> SimResult:
+        """`running`: the runs under way at 0, by job (1-based place in the workload, whose
+        steps are then what the job has left)."""
         arrivals = sorted(
             (w if isinstance(w, Arrival) else Arrival(0.0, w) for w in workload),
             key=lambda a: a.at)
@@ -331,6 +350,35 @@ class Simulator:
                 heapq.heappush(heap, (at, -1, 0, "tick"))
             return True
 
+        def launch(job: Job, started: float, trains_from: float | None) -> float:
+            """A run of `job` (just started in the state) from `started`; its first step at
+            `trains_from` (None: after its start-up). The GPU-seconds its start-up holds."""
+            nonlocal version
+            spec = arrivals[job.id - 1].spec
+            real = self._costed(truth.lookup(spec.model))
+            p = job.placement
+            # on several nodes: the speed at its count on each (the module's doc)
+            rate = real.throughput(len(p.gpus), p.share)
+            version += 1
+            if trains_from is None:
+                trains_from, at_step = started + real.startup_s, done[job.id]
+            else:  # under way at 0: the steps it has left count from 0 (or its first step)
+                at_step = done[job.id] + min(trains_from, 0.0) * rate
+            lv = _Live(started, trains_from, at_step, rate, version, real.suspend_s)
+            live[job.id] = lv
+            first_start.setdefault(job.id, started)
+            left = spec.steps - lv.start_step
+            heapq.heappush(heap, (lv.progress_from + left / rate, version, job.id, "done"))
+            # what the policy expects: the curve it was told (the truth, unless a profile is
+            # wrong)
+            told_rate = job.curve.throughput(len(p.gpus), p.share) \
+                if job.curve and job.curve.possible(len(p.gpus)) else rate
+            state.expect(job.id, lv.progress_from + left / told_rate)
+            return (lv.progress_from - started) * _held(p)
+
+        underway = dict(running or {})
+        if any(arrivals[i - 1].at > 0.0 for i in underway):
+            raise ValueError("a run under way at 0 must be of a job submitted at or before 0")
         at_once, most_at_once, last_job = 0, 4 * len(arrivals) + 16, 0
         while True:
             while next_arrival < len(arrivals) and arrivals[next_arrival].at <= t:
@@ -341,28 +389,16 @@ class Simulator:
                 done[next_arrival] = 0.0
             # Ends at one instant are taken together before the policy decides, as the daemon
             # sees the exits that come together in one wake.
+            if underway:  # the runs under way at the start (t = 0)
+                for job_id, run in sorted(underway.items()):
+                    p = run.placement
+                    job = state.apply(Start(job_id, p.node, p.gpus, run.role, p.others,
+                                            p.share), run.started)
+                    launch(job, run.started, run.trains_from)
+                underway = {}
             for action, job in (() if together else settle(self.policy, state, t, starts_up)):
                 if isinstance(action, Start):
-                    spec = arrivals[job.id - 1].spec
-                    real = self._costed(truth.lookup(spec.model))
-                    # on several nodes: the speed at its count on each (the module's doc)
-                    rate = real.throughput(len(action.gpus), action.share)
-                    held = _held(Placement(action.node, action.gpus, action.others,
-                                           action.share))
-                    version += 1
-                    lv = _Live(t, t + real.startup_s, done[job.id], rate, version,
-                               real.suspend_s)
-                    live[job.id] = lv
-                    first_start.setdefault(job.id, t)
-                    overhead += real.startup_s * held
-                    left = spec.steps - lv.start_step
-                    finish = lv.progress_from + left / rate
-                    heapq.heappush(heap, (finish, version, job.id, "done"))
-                    # what the policy expects: the curve it was told (the truth, unless a
-                    # profile is wrong)
-                    told_rate = job.curve.throughput(len(action.gpus), action.share) \
-                        if job.curve and job.curve.possible(len(action.gpus)) else rate
-                    state.expect(job.id, lv.progress_from + left / told_rate)
+                    overhead += launch(job, t, None)
                 elif isinstance(action, Suspend):
                     if reshaped.get(job.id) == t:
                         raise RunawayPolicy(

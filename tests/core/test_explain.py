@@ -60,7 +60,7 @@ def test_never_a_multi_node_job_under_a_single_node_policy():
     state = State(nodes={"a": State.single_node(2).nodes["node0"]})
     two_nodes = Job(1, 2, True, nodes=2)
     field, why = get_policy("moldable").feasible(two_nodes, state)
-    assert field == "nodes" and "use --policy adaptive, marble or rigid" in why
+    assert field == "nodes" and "use --policy adaptive, marble, rigid or whatif" in why
     assert get_policy("marble").feasible(two_nodes, state) is None
 
 

@@ -280,6 +280,12 @@ def check_spread(policy: str, state: State, job: Job, action) -> None:
 # ---------------------------------------------------------------- the driver
 
 
+def _followed(policy, name: str) -> str:
+    """The policy whose rules a decision keeps: a planner's (whatif), the one it follows."""
+    driver = getattr(policy, "driver", None)
+    return name if driver is None else driver.split("(")[0]
+
+
 def drive(policy_name: str, scenario: Scenario, data) -> State:
     policy = get_policy(policy_name)
     state = scenario.state()
@@ -288,7 +294,7 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
         snapshot = State(nodes=state.nodes, jobs=dict(state.jobs))
         actions = policy.decide(state)
         assert state.jobs == snapshot.jobs, "decide() changed the state"
-        check_decision(policy_name, snapshot, actions)
+        check_decision(_followed(policy, policy_name), snapshot, actions)
         for action in actions:
             job = state.apply(action)
             if isinstance(action, Start):  # ends far off (reshapable) or soon or unknown

@@ -232,7 +232,7 @@ def test_a_single_node_policy_refuses_a_multi_node_job_naming_it_and_the_policie
                                       "--policy", "moldable"])
     assert out.exit_code == 1
     assert "jobs.yaml:2: nodes: policy moldable runs single-node jobs only; use --policy " \
-           "adaptive, marble or rigid" in out.output
+           "adaptive, marble, rigid or whatif" in out.output
     out = CliRunner().invoke(marble, ["simulate", "--profile", str(tmp_path / "p.yaml"),
                                       "--workload", str(tmp_path / "jobs.yaml")])
     assert out.exit_code == 1  # on one node (--nodes left out), the daemon's refusal

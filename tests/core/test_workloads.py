@@ -377,7 +377,7 @@ def test_a_store_trace_keeps_multi_node_jobs_for_simulate(tmp_path):
                                       "--workload", str(csv), "--nodes", "2", "--json"])
     assert out.exit_code == 0, out.output
     results = json.loads(out.output)["results"]
-    assert {x["policy"] for x in results} == {"adaptive", "marble", "rigid"}
+    assert {x["policy"] for x in results} == {"adaptive", "marble", "rigid", "whatif"}
     assert all(x["makespan_s"] == pytest.approx(300.0) for x in results)
 
 

@@ -14,10 +14,11 @@ from marbled.core.policy.marble import MarblePolicy
 from marbled.core.policy.moldable import MoldableEquipartition
 from marbled.core.policy.rigid import WholeNodeFifo
 from marbled.core.policy.timeslice import TimeslicePolicy
+from marbled.core.policy.whatif import WhatIfPolicy
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
     AdaptivePolicy, ElasticPolicy, LearnedPolicy, MalleableEquipartition, MarblePolicy,
-    MoldableEquipartition, WholeNodeFifo, TimeslicePolicy)}
+    MoldableEquipartition, WholeNodeFifo, TimeslicePolicy, WhatIfPolicy)}
 
 
 def get_policy(name: str, **settings: float | None) -> Policy:
@@ -41,4 +42,4 @@ def all_options() -> dict[str, tuple[Option, list[str]]]:
 
 __all__ = ["POLICIES", "AdaptivePolicy", "ElasticPolicy", "LearnedPolicy",
            "MalleableEquipartition", "MarblePolicy", "MoldableEquipartition", "Option", "Policy",
-           "TimeslicePolicy", "WholeNodeFifo", "all_options", "get_policy"]
+           "TimeslicePolicy", "WhatIfPolicy", "WholeNodeFifo", "all_options", "get_policy"]

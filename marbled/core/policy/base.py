@@ -44,6 +44,7 @@ class Option:
     help: str
     minimum: float = 0.0
     positive: bool = False  # the minimum itself is not allowed
+    maximum: float | None = None
 
     @property
     def flag(self) -> str:
@@ -75,6 +76,8 @@ class Policy:
             if value < option.minimum or (option.positive and value == option.minimum):
                 bound = "greater than" if option.positive else "at least"
                 raise ValueError(f"{option.flag} must be {bound} {option.minimum:g}")
+            if option.maximum is not None and value > option.maximum:
+                raise ValueError(f"{option.flag} must be at most {option.maximum:g}")
             setattr(self, option.name, value)
 
     def decide(self, state: State, now: float = 0.0) -> list[Action]:
@@ -111,6 +114,11 @@ class Policy:
         """Would this policy's next decision move running `job` down to its demand? The
         rule its decisions use (`shrinks` policies), so that `explain` says what it does."""
         return False
+
+    def plan_line(self) -> str | None:
+        """Which plan drives the decisions, and why, for `marble explain` (a planner's, such
+        as whatif's); None for a policy that decides alone."""
+        return None
 
     def explain(self, job: Job, state: State, now: float) -> str:
         """Why `job` is where it is, in one line."""

@@ -1,0 +1,324 @@
+"""What-if: the policy whose plan, played forward from now in the simulator, ends best.
+
+At a planning epoch the live state is simulated forward under each candidate: every policy
+of the zoo, and adaptive weighing the completion times alone (`CANDIDATES`). The simulation
+starts where the jobs are: a running job keeps its GPUs and the work it has left (from the
+driver's expected end), so a candidate that moves it pays that move's suspend and resume as
+its curve says; the waiting jobs follow in FIFO order. It uses the curves the policy is told,
+not the truth, and the candidate's own code, as the daemon would run it. The candidate with
+the best predicted outcome then drives every decision until the next epoch.
+
+* Objective. The candidates' predicted totals of completion times (J) and last ends (M),
+  each over the best any candidate reaches, are weighed as J^w x M^(1-w), `w` being
+  `jct_weight`: 1 weighs the mean completion time alone, 0 the makespan alone, and the
+  default 0.5 both, so a large loss on one is never bought with a small gain on the other.
+* Hysteresis. The driver changes only for a candidate predicted better by more than
+  `min_gain` plus the median error of the planner's past predictions (each job's predicted
+  end against when it ended, over the time that was ahead), so noise does not flip plans.
+* Epochs. A plan is made when the system holds a job the last plan did not (an arrival, or
+  a job reaching the head of a long queue), at most once every `plan_every` seconds (ends
+  and arrivals coalesce), and at once when the driver could never place the new job. No
+  epoch while a reshape is under way (a checkpoint being written), or while a job cannot be
+  simulated (no curve, or no expected end): the driver goes on.
+* Bounded cost. A plan simulates the running jobs and the first `plan_jobs` waiting ones:
+  a candidate count of simulations of at most that many jobs, whatever the queue holds.
+
+The simulator is pure too: a plan reads the state and changes nothing of it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+
+from marbled.core.model import Job, JobState, Placement, State
+from marbled.core.policy.adaptive import CANDIDATES as ADAPTIVE_RULES
+from marbled.core.policy.adaptive import AdaptivePolicy
+from marbled.core.policy.base import Option, Policy, work_left
+from marbled.core.profiles import ProfileBook, model_key
+
+
+class FixedBias(AdaptivePolicy):
+    """adaptive with one rule at every decision (its `CANDIDATES`' (bias, critical job
+    first)), without its own look-ahead: the planner plays these variants forward exactly
+    instead of adaptive's fluid model, at a tenth of the cost."""
+
+    def __init__(self, bias: float, critical: bool = False):
+        super().__init__()
+        self._rule = (bias, critical)
+
+    def _candidate(self, *_) -> tuple:
+        return self._rule, None
+
+
+def _variant(rule: tuple[float, bool]) -> tuple[str, Callable[[], Policy]]:
+    bias, critical = rule
+    return f"adaptive(bias {bias:g}{', critical first' if critical else ''})", \
+        partial(FixedBias, bias, critical)
+
+
+def _policy(name: str) -> Policy:
+    from marbled.core.policy import get_policy  # the registry imports this module
+
+    return get_policy(name)
+
+
+# (name shown, a fresh policy): the plans the planner weighs
+CANDIDATES: tuple[tuple[str, Callable[[], Policy]], ...] = (
+    *(_variant(rule) for rule in ADAPTIVE_RULES),
+    *((name, partial(_policy, name)) for name in ("elastic", "malleable", "moldable", "marble",
+                                                   "rigid")))
+
+
+FIRST = CANDIDATES[3][0]  # drives until the first plan: adaptive's bias 1
+POLL_S = 0.5  # how soon to look again for a plan made in the background
+ERRORS_KEPT = 64  # the past predictions whose median error is the hysteresis
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planning epoch's outcome: who drives, and what each candidate was predicted to do."""
+
+    at: float
+    driver: str
+    predicted: dict[str, tuple[float, float]]  # candidate -> (mean completion, last end), s
+    threshold: float  # the gain a change needed
+
+
+class WhatIfPolicy(Policy):
+    name = "whatif"
+    summary = ("simulates every policy forward from the live state and follows the one "
+               "predicted best for the objective")
+    reshapes = True
+    multi_node = True
+    overtaking = "the policy the planner follows lets it (`marble explain` names it)"
+    options = (
+        Option("jct_weight", 0.5, "the objective: 1 weighs the mean completion time alone, "
+                                  "0 the makespan alone, between both", maximum=1.0),
+        Option("plan_every", 60.0, "seconds at least between two plans"),
+        Option("plan_jobs", 48.0, "waiting jobs a plan simulates (the FIFO's first ones)",
+               minimum=1.0),
+        Option("min_gain", 0.02, "the relative gain below which the planner keeps its "
+                                 "driver (the median error of its predictions is added)"),
+    )
+    jct_weight: float
+    plan_every: float
+    plan_jobs: float
+    min_gain: float
+
+    def __init__(self, **settings: float | None):
+        super().__init__(**settings)
+        self._policies = {name: make() for name, make in CANDIDATES}
+        self.driver = FIRST
+        self.plan: Plan | None = None
+        self._known: set[int] = set()  # the jobs the last plan simulated
+        self._expected: dict[int, tuple[float, float]] = {}  # job -> (plan time, end)
+        self._errors: deque[float] = deque(maxlen=ERRORS_KEPT)
+        self._due: float | None = None  # when a plan waits to be made (spacing)
+        # With an executor (the daemon's: a process beside the broker), plans are made there
+        # and adopted at the first decision after they are ready; decisions never wait.
+        self.background: Executor | None = None
+        self._pending: Future | None = None
+        self.plans = 0  # plans adopted
+        self.cpu_s = 0.0  # CPU seconds they took
+
+    # -- deciding
+
+    def choose(self, state: State, now: float) -> list:
+        if self._pending is not None and self._pending.done():
+            pending, self._pending = self._pending, None
+            self._adopt(pending.result())
+        self._score(state, now)
+        if self._wants_plan(state, now):
+            self._due = now if self.plan is None else max(now, self.plan.at + self.plan_every)
+        if self._due is not None and (now >= self._due or self._cannot_place(state, now)):
+            self._make_plan(state, now)
+        return self._policies[self.driver].choose(state, now)
+
+    def next_decision(self, state: State, now: float) -> float | None:
+        own = self._policies[self.driver].next_decision(state, now)
+        due = self._due if self._due is not None and self._due > now else None
+        if self._pending is not None:  # adopt a plan made beside the decisions soon after
+            due = now + POLL_S
+        return min((t for t in (own, due) if t is not None), default=None)
+
+    def explain(self, job: Job, state: State, now: float) -> str:
+        return self._policies[self.driver].explain(job, state, now)
+
+    def plan_line(self) -> str:
+        if self.plan is None:
+            return f"the planner follows {self.driver} until it can simulate the jobs"
+        p = self.plan.predicted
+        mine = p.get(self.driver)
+        rival = min((c for c in p if c != self.driver), default=None,
+                    key=lambda c: self._rank(p)[c])
+        if mine is None or rival is None:
+            return f"the planner follows {self.driver}'s plan"
+        return (f"the planner follows {self.driver}'s plan: predicted mean JCT "
+                f"{_ks(mine[0])} and last end {_ks(mine[1])} from now, against "
+                f"{_ks(p[rival][0])} and {_ks(p[rival][1])} for {rival}'s")
+
+    # -- planning
+
+    def _wants_plan(self, state: State, now: float) -> bool:
+        if self._due is not None:
+            return False
+        ahead = islice(state.waiting(), int(self.plan_jobs))
+        return any(j.id not in self._known for j in (*state.engaged(), *ahead))
+
+    def _cannot_place(self, state: State, now: float) -> bool:
+        driver = self._policies[self.driver]
+        return any(driver.feasible(j, state) for j in islice(state.waiting(),
+                                                             int(self.plan_jobs)))
+
+    def _make_plan(self, state: State, now: float) -> None:
+        setup = _forward(state, now, int(self.plan_jobs))
+        if setup is None:
+            return  # not now: a reshape is under way, or a job cannot be simulated
+        self._due = None
+        self._known = set(setup.ids)
+        if self.background is None:
+            self._adopt(predict(setup))
+        elif self._pending is None:  # one plan at a time; a later one is made after it
+            self._pending = self.background.submit(predict, setup)
+
+    def _adopt(self, prediction: Prediction) -> None:
+        self.cpu_s += prediction.cpu_s
+        self.plans += 1
+        predicted = prediction.predicted
+        if not predicted:
+            return
+        rank = self._rank(predicted)
+        best = min(rank, key=rank.get)
+        threshold = self.min_gain + (statistics.median(self._errors) if self._errors else 0.0)
+        if self.plan is None or self.driver not in rank or \
+                rank[self.driver] > math.log1p(threshold):
+            self.driver = best
+        at = prediction.at
+        self.plan = Plan(at, self.driver, predicted, threshold)
+        self._expected = {j: (at, at + end) for j, end in prediction.ends[self.driver].items()}
+
+    def _rank(self, predicted: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """log(J^w M^(1-w)) over the best J and M: 0 for a candidate best on both."""
+        jct = min(j for j, _ in predicted.values()) or 1e-9
+        span = min(m for _, m in predicted.values()) or 1e-9
+        w = self.jct_weight
+        return {c: w * math.log(max(j, 1e-9) / jct) + (1 - w) * math.log(max(m, 1e-9) / span)
+                for c, (j, m) in predicted.items()}
+
+    def _score(self, state: State, now: float) -> None:
+        """The error of each prediction of the plan that drives, as its job ends."""
+        for job_id, (at, end) in list(self._expected.items()):
+            outcome = state.outcome(job_id)
+            if outcome is None or outcome.finished:
+                del self._expected[job_id]
+                if outcome is JobState.DONE:
+                    self._errors.append(abs(now - end) / max(end - at, 1.0))
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A simulation that starts from the live state at `at` (job i + 1 is `ids[i]`)."""
+
+    at: float
+    arrivals: list
+    running: dict
+    ids: list[int]
+    book: ProfileBook
+    nodes: int
+
+
+@dataclass(frozen=True)
+class Prediction:
+    at: float
+    predicted: dict[str, tuple[float, float]]  # candidate -> (mean completion, last end)
+    ends: dict[str, dict[int, float]]  # candidate -> {job: its end, s after `at`}
+    cpu_s: float  # what the simulations took
+
+
+def predict(setup: Forward) -> Prediction:
+    """Every candidate played forward from the same start (a pure function: the daemon runs
+    it in a process of its own)."""
+    from marbled.sim.engine import Simulator, WorkloadError  # it imports the policies
+
+    started = time.process_time()
+    predicted, ends = {}, {}
+    for name, make in CANDIDATES:
+        try:
+            r = Simulator(setup.book, make(),
+                          setup.book.gpus_per_node, setup.nodes).run(setup.arrivals,
+                                                                     setup.running)
+        except (WorkloadError, RuntimeError):
+            continue  # a candidate that cannot place these jobs (or runs away)
+        done = [r.jobs[i].completion for i in range(1, len(setup.ids) + 1)]
+        predicted[name] = (sum(done) / len(done), max(done))
+        ends[name] = dict(zip(setup.ids, done, strict=True))
+    return Prediction(setup.at, predicted, ends, time.process_time() - started)
+
+
+def _ks(seconds: float) -> str:
+    return f"{seconds / 1000:.1f} ks" if seconds >= 1000 else f"{seconds:.0f} s"
+
+
+def _forward(state: State, now: float, waiting: int) -> Forward | None:
+    """The simulation that starts from `state` at `now`, with the running jobs and the first
+    `waiting` waiting ones; None where it cannot be made."""
+    from marbled.core.spec import JobSpec
+    from marbled.sim.engine import Underway
+    from marbled.sim.workloads import Arrival
+
+    sizes = {len(n.gpus) for n in state.nodes.values()}
+    if len(sizes) != 1 or state.unavailable or state.resumable():
+        return None  # the simulator models nodes of one size, all of them taking runs
+    engaged = state.engaged()
+    if any(j.state is not JobState.RUNNING for j in engaged):
+        return None  # a checkpoint is being written: plan on what it leaves
+    ids: list[int] = []
+    for job in sorted([*engaged, *islice(state.waiting(), waiting)], key=lambda j: j.id):
+        # not a job that waits for one beyond the plan (deps are earlier jobs, so kept first)
+        if all(a in ids or state.outcome(a) is JobState.DONE for a in job.after):
+            ids.append(job.id)
+    if not ids:
+        return None
+    position = {job_id: i for i, job_id in enumerate(ids, start=1)}
+    names = {n: f"node{i}" for i, n in enumerate(state.nodes)}
+    slot = {n: {g: k for k, g in enumerate(node.gpus)} for n, node in state.nodes.items()}
+    curves, arrivals, running = {}, [], {}
+    submitted = -math.inf  # the policies read when jobs came (adaptive: does the queue grow)
+    for job_id in ids:
+        job = state.jobs[job_id]
+        if job.curve is None:
+            return None
+        started = min(job.run_started - now, 0.0) if job.run_started is not None else 0.0
+        trains = started + (job.curve.startup_s or 0.0)  # its first step (a run's)
+        work = work_left(job, now + max(trains, 0.0))  # from its expected end: after start-up
+        if work is None:
+            return None
+        key = model_key(f"job{job.id}")
+        curves[key] = job.curve
+        # in FIFO order, so the simulator's order by submission is the state's
+        submitted = max(submitted, min(job.submitted - now, 0.0) if job.submitted is not None
+                        else 0.0)
+        arrivals.append(Arrival(submitted, JobSpec(
+            emulate=True, model=key, steps=max(math.ceil(work), 1),
+            gpus=None if job.malleable else job.demand, nodes=job.nodes,
+            nodes_min=job.nodes_min, after=tuple(position[a] for a in job.after
+                                                 if a in position))))
+        if job.placement is not None:
+            p = job.placement
+            moved = Placement(names[p.node], tuple(slot[p.node][g] for g in p.gpus),
+                              tuple((names[n], tuple(slot[n][g] for g in gs))
+                                    for n, gs in p.others), p.share)
+            running[position[job_id]] = Underway(moved, job.role, started, trains)
+    return Forward(now, arrivals, running, ids, ProfileBook("what-if", sizes.pop(), curves),
+                   len(state.nodes))
+
+
+__all__ = ["CANDIDATES", "Plan", "WhatIfPolicy"]
