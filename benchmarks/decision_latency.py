@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from marbled.core.model import Job, JobState, Node, Role, Start, State
@@ -154,6 +155,8 @@ def core_cell(name: str, nodes: int, queued: int, samples: int, states: int) -> 
     with contextlib.suppress(Enough):
         Simulator(book, probe, GPUS, nodes, 5.0, 5.0).run(arrivals)
     policy = get_policy(name)
+    if hasattr(policy, "background"):  # a planner plans in a process beside, as in the daemon
+        policy.background = ProcessPoolExecutor(1)
     out = {}
     for scenario, got in (("free", [probe.free]), ("ended", probe.ended)):
         if not got or got[0] is None:

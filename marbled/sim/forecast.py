@@ -83,8 +83,7 @@ def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: li
         nodes=j.spec.nodes, nodes_min=j.spec.nodes_min,
         after=tuple(position[a] for a in j.after if a in position)), where=f"job {j.id}")
         for j in order]
-    fresh = type(policy)(**{o.name: getattr(policy, o.name) for o in policy.options})
-    budgeted = _Budgeted(fresh, time.monotonic() + budget_s)
+    budgeted = _Budgeted(policy.fresh(), time.monotonic() + budget_s)
     try:
         result = Simulator(book, budgeted, node_sizes[0], len(node_sizes)).run(arrivals)
     except _OverBudget:

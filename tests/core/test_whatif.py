@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_a_simulation_from_a_live_state_ends_as_the_whole_one(book, policy, frac
 
 def _best(book, arrivals, nodes: int, gpus: int, metric: str) -> float:
     out = []
-    for _, make in CANDIDATES:
+    for _, make in (*CANDIDATES, ("adaptive", partial(get_policy, "adaptive"))):
         r = Simulator(book, make(), gpus, nodes, 10.0, 10.0).run(arrivals)
         out.append(getattr(r, metric))
     return min(out)
@@ -79,7 +80,8 @@ def _best(book, arrivals, nodes: int, gpus: int, metric: str) -> float:
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_on_jobs_submitted_together_it_reaches_the_best_candidate(book, seed):
     """With every job known at 0 and curves that are the truth, the first plan predicts each
-    candidate exactly, so the planner ends as the best candidate for its objective does."""
+    candidate exactly, so the planner ends as the best candidate for its objective does
+    (adaptive itself is one: six jobs are few enough for its look-ahead)."""
     arrivals = together(seed, book=book, jobs=6, models=MODELS)
     for weight, metric in ((1.0, "average_jct"), (0.0, "makespan")):
         r = Simulator(book, WhatIfPolicy(jct_weight=weight), 4, 1, 10.0, 10.0).run(arrivals)
@@ -112,8 +114,8 @@ def test_it_keeps_its_driver_unless_the_gain_beats_its_error():
     predicted gain above min_gain plus the median error of the predictions scored so far."""
     planner = WhatIfPolicy(min_gain=0.02, jct_weight=0.5)
     first = planner.driver
-    assert first == "adaptive(bias 1)"
-    ends = {c: {1: 100.0} for c, _ in CANDIDATES}
+    assert first == "adaptive"  # until a plan is made: adaptive, its own look-ahead and all
+    ends = {c: {1: 100.0} for c in (first, "elastic")}
 
     def plan(at: float, elastic: float) -> None:
         predicted = {first: (1000.0, 2000.0), "elastic": (1000.0 * elastic, 2000.0 * elastic)}
@@ -172,6 +174,25 @@ def test_predict_leaves_out_a_candidate_that_cannot_place_the_jobs(book):
     spy = _Snapshot(get_policy("marble"), 0.0)
     Simulator(book, spy, 4, 2).run(arrivals)
     out = predict(spy.taken)
-    assert set(out.predicted) == {name for name, _ in CANDIDATES
-                                  if name.startswith("adaptive")} | {"marble", "rigid"}
+    # (and adaptive itself, its look-ahead and all: two jobs are few enough)
+    assert set(out.predicted) == {name for name, _ in CANDIDATES if name.startswith(
+        "adaptive")} | {"adaptive", "marble", "rigid"}
     assert all(math.isfinite(j) and m >= j for j, m in out.predicted.values())
+
+
+def test_the_queue_forecast_plays_the_plan_followed_forward(book):
+    """`marble status`'s forecast under whatif is the forecast of the policy it follows (a
+    planner's own plans would take it past its time budget); a FixedBias rule too."""
+    from marbled.core.policy.whatif import FixedBias
+    from marbled.core.spec import JobSpec
+    from marbled.sim.forecast import Left, forecast
+
+    jobs = [Left(i, JobSpec(emulate=True, model=m, steps=3000), 3000, False)
+            for i, m in enumerate(MODELS[2:], start=1)]
+    planner = WhatIfPolicy()
+    mine = forecast(jobs, book, planner, [6], now=100.0)
+    assert mine.reason is None
+    assert mine.ends == forecast(jobs, book, get_policy("adaptive"), [6], now=100.0).ends
+    planner.driver = "adaptive(bias -1)"
+    assert forecast(jobs, book, planner, [6], now=100.0).ends == \
+        forecast(jobs, book, FixedBias(-1.0), [6], now=100.0).ends

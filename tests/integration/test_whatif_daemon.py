@@ -23,7 +23,7 @@ def test_the_planner_plans_beside_the_loop_and_every_job_ends_once(daemon_factor
     # while the plain command (no model, no steps) is in the system, nothing can be simulated
     first = daemon.submit({"command": PLAIN, "gpus": 1})[0]
     view = daemon.client.get(f"/v1/jobs/{first['id']}")
-    assert "the planner follows adaptive(bias 1) until it can simulate the jobs" in \
+    assert "the planner follows adaptive until it can simulate the jobs" in \
         view["reasons"]
     daemon.wait_all(timeout=60)
     daemon.submit({"model": "inception-v3", "steps": 4000, "emulate": True},

@@ -115,6 +115,11 @@ class Policy:
         rule its decisions use (`shrinks` policies), so that `explain` says what it does."""
         return False
 
+    def fresh(self) -> Policy:
+        """A new policy that decides as this one does from here on, with nothing of what
+        this one has seen (the forecast plays it forward): its class with its settings."""
+        return type(self)(**{o.name: getattr(self, o.name) for o in self.options})
+
     def plan_line(self) -> str | None:
         """Which plan drives the decisions, and why, for `marble explain` (a planner's, such
         as whatif's); None for a policy that decides alone."""
