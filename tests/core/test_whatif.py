@@ -196,3 +196,18 @@ def test_the_queue_forecast_plays_the_plan_followed_forward(book):
     planner.driver = "adaptive(bias -1)"
     assert forecast(jobs, book, planner, [6], now=100.0).ends == \
         forecast(jobs, book, FixedBias(-1.0), [6], now=100.0).ends
+
+
+def test_a_tie_goes_to_adaptive_and_its_own_rule_not_to_the_first_rule_tried(book):
+    """An idle cluster makes every plan alike: the tie goes to adaptive itself where a plan is
+    small enough to play it, else to its rule without look-ahead (bias 1). A tie once went to
+    bias -1 (the long job's next GPU first), which then drove every plan of a 16-node trace
+    at load 0.6, for 1.59x the best average JCT."""
+    planner = WhatIfPolicy()
+    alike = {name: (1000.0, 5000.0) for name in ("adaptive(bias -1)", "adaptive(bias 1)",
+                                                 "malleable")}
+    planner._adopt(Prediction(0.0, alike, {c: {} for c in alike}, 0.0))
+    assert planner.driver == CANDIDATES[0][0] == "adaptive(bias 1)"
+    one = _Snapshot(get_policy("marble"), 0.0)
+    Simulator(book, one, 4, 1).run(together(3, book=book, jobs=3, models=MODELS))
+    assert next(iter(predict(one.taken).predicted)) == "adaptive"

@@ -84,6 +84,7 @@ CANDIDATES: tuple[tuple[str, Callable[[], Policy]], ...] = (
     *((name, partial(_policy, name)) for name in ("malleable", "elastic", "marble", "moldable",
                                                    "rigid")))
 FIRST = "adaptive"  # drives until a plan is made (with its own look-ahead)
+ORDER = {name: i for i, name in enumerate((FIRST, *(c for c, _ in CANDIDATES)))}  # on a tie
 POLL_S = 0.5  # how soon to look again for a plan made in the background
 ERRORS_KEPT = 64  # the past predictions whose median error is the hysteresis
 
@@ -210,7 +211,7 @@ class WhatIfPolicy(Policy):
         if not predicted:
             return
         rank = self._rank(predicted)
-        best = min(rank, key=rank.get)
+        best = min(rank, key=lambda c: (round(rank[c], 9), ORDER.get(c, len(ORDER))))
         threshold = self.min_gain + (statistics.median(self._errors) if self._errors else 0.0)
         if self.plan is None or self.driver not in rank or \
                 rank[self.driver] > math.log1p(threshold):
