@@ -2,7 +2,7 @@
 
 At a planning epoch the live state is simulated forward under each candidate (`CANDIDATES`):
 four of adaptive's rules, each played without adaptive's own look-ahead (the planner's
-exact simulation stands in for its fluid model, at a tenth of the cost), adaptive itself
+exact simulation stands in for its fluid model, at a small part of the cost), adaptive itself
 while a plan has few jobs (`PLAN_JOBS`), elastic, malleable, moldable, marble and rigid.
 The simulation starts where the jobs are: a running job keeps its GPUs and the work it has
 left (from the driver's expected end), so a candidate that moves it pays that move's
@@ -50,7 +50,8 @@ from marbled.core.profiles import ProfileBook, model_key
 class FixedBias(AdaptivePolicy):
     """adaptive with one rule at every decision (its `CANDIDATES`' (bias, critical job
     first)), without its own look-ahead: the planner plays these variants forward exactly
-    instead of adaptive's fluid model, at a tenth of the cost."""
+    instead of adaptive's fluid model (a 25th of its cost: 1.7 s against 43.6 s for the
+    simulations of 128 plans of an 8-node trace)."""
 
     def __init__(self, bias: float, critical: bool = False):
         super().__init__()
