@@ -211,3 +211,18 @@ def test_a_tie_goes_to_adaptive_and_its_own_rule_not_to_the_first_rule_tried(boo
     one = _Snapshot(get_policy("marble"), 0.0)
     Simulator(book, one, 4, 1).run(together(3, book=book, jobs=3, models=MODELS))
     assert next(iter(predict(one.taken).predicted)) == "adaptive"
+
+
+def test_in_the_broker_a_plan_rests_for_its_cpu_over_the_share_of_a_core_it_may_take(book):
+    """`--plan-cpu`: after a plan made beside the decisions took C CPU seconds, the next one
+    is made no sooner than C / share later. With a share of one billionth, the first plan is
+    the last one, though jobs keep coming and --plan-every is 0."""
+    arrivals = poisson(12, 4.0, dict.fromkeys(MODELS, 1.0), {m: (2000, 20000) for m in MODELS},
+                       5)
+    planner = WhatIfPolicy(plan_every=0.0, plan_cpu=1e-9)
+    with ThreadPoolExecutor(1) as pool:
+        planner.background = pool
+        r = Simulator(book, planner, 4, 2, 10.0, 10.0).run(arrivals)
+    assert len(r.jobs) == 12
+    assert planner.plans == 1 and planner.cpu_s > 0
+    assert planner._rest_until >= planner.plan.at + planner.cpu_s / 1e-9

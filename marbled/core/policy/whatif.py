@@ -117,11 +117,15 @@ class WhatIfPolicy(Policy):
         Option("min_gain", 0.0, "the relative gain below which the planner keeps the "
                                 "plan it follows, besides the median error of its "
                                 "predictions"),
+        Option("plan_cpu", 0.5, "in the broker, the share of a core its plans may take: "
+                                "after a plan of C CPU seconds, the next waits C / this",
+               positive=True, maximum=1.0),
     )
     jct_weight: float
     plan_every: float
     plan_jobs: float
     min_gain: float
+    plan_cpu: float
 
     def __init__(self, **settings: float | None):
         super().__init__(**settings)
@@ -137,6 +141,7 @@ class WhatIfPolicy(Policy):
         # and adopted at the first decision after they are ready; decisions never wait.
         self.background: Executor | None = None
         self._pending: Future | None = None
+        self._rest_until = -math.inf  # no plan before then (`plan_cpu`)
         self.plans = 0  # plans adopted
         self.cpu_s = 0.0  # CPU seconds they took
 
@@ -146,9 +151,12 @@ class WhatIfPolicy(Policy):
         if self._pending is not None and self._pending.done():
             pending, self._pending = self._pending, None
             self._adopt(pending.result())
+            # its CPU share: the next plan rests for the time this one took over that share
+            self._rest_until = now + pending.result().cpu_s / self.plan_cpu
         self._score(state, now)
         if self._wants_plan(state, now):
-            self._due = now if self.plan is None else max(now, self.plan.at + self.plan_every)
+            self._due = now if self.plan is None else max(now, self.plan.at + self.plan_every,
+                                                          self._rest_until)
         if self._due is not None and (now >= self._due or self._cannot_place(state, now)):
             self._make_plan(state, now)
         return self._policies[self.driver].choose(state, now)
