@@ -155,8 +155,16 @@ def core_cell(name: str, nodes: int, queued: int, samples: int, states: int) -> 
     with contextlib.suppress(Enough):
         Simulator(book, probe, GPUS, nodes, 5.0, 5.0).run(arrivals)
     policy = get_policy(name)
-    if hasattr(policy, "background"):  # a planner plans in a process beside, as in the daemon
-        policy.background = ProcessPoolExecutor(1)
+    pool = ProcessPoolExecutor(1)  # a planner's plans, beside (as in the daemon); else unused
+    if hasattr(policy, "background"):
+        policy.background = pool
+    try:
+        return _core_figures(policy, probe, nodes, queued, samples)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _core_figures(policy, probe: Probe, nodes: int, queued: int, samples: int) -> dict:
     out = {}
     for scenario, got in (("free", [probe.free]), ("ended", probe.ended)):
         if not got or got[0] is None:

@@ -8,13 +8,11 @@ import fcntl
 import gc
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import signal
 import socket
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -28,6 +26,7 @@ from marbled.core.target import gpus_text
 from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
+from marbled.daemon.planner import plan_beside
 from marbled.daemon.views import Views
 from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path, state_dir_problem
 from marbled.store.db import SchemaError, Store
@@ -105,7 +104,7 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
     broker = Broker(config, store, launcher, policy)
-    planner = _plan_beside(policy, broker)
+    planner = plan_beside(policy, broker.metrics)
     if config.sample_interval > 0 and launcher.name == "local" \
             and not gpu_source.startswith("emulated"):
         try:
@@ -173,17 +172,6 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     left = broker.state.unfinished
     log.info("marbled stopped (%d jobs left for the next broker)", left)
     return left
-
-
-def _plan_beside(policy: Policy, broker: Broker) -> ProcessPoolExecutor | None:
-    """A policy that plans by simulation (whatif) plans in a process beside the broker's
-    loop, which it never holds up; its cost is shown in /metrics."""
-    if not hasattr(policy, "background"):
-        return None
-    # spawned, not forked: the loop's threads (the store's writer) must not be copied mid-lock
-    policy.background = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    broker.metrics.watch_planner(policy)
-    return policy.background
 
 
 def _tracemalloc_start() -> str | None:

@@ -387,8 +387,6 @@ class Simulator:
                 state.submit(self._job(next_arrival, a, told))
                 of_model.setdefault(a.spec.model, []).append(next_arrival)
                 done[next_arrival] = 0.0
-            # Ends at one instant are taken together before the policy decides, as the daemon
-            # sees the exits that come together in one wake.
             if underway:  # the runs under way at the start (t = 0)
                 for job_id, run in sorted(underway.items()):
                     p = run.placement
@@ -396,6 +394,8 @@ class Simulator:
                                             p.share), run.started)
                     launch(job, run.started, run.trains_from)
                 underway = {}
+            # Ends at one instant are taken together before the policy decides, as the daemon
+            # sees the exits that come together in one wake.
             for action, job in (() if together else settle(self.policy, state, t, starts_up)):
                 if isinstance(action, Start):
                     overhead += launch(job, t, None)

@@ -91,7 +91,8 @@ def test_on_jobs_submitted_together_it_reaches_the_best_candidate(book, seed):
 def test_an_open_queue_on_several_nodes_runs_to_the_end_with_a_job_of_fixed_count(book):
     """Arrivals over time on 3 nodes, a third of the jobs of a fixed count, a profile that is
     wrong about the jobs' speed (the truth 30 % slower): every job ends once, with its steps,
-    and the planner made a plan at arrivals, not at every decision."""
+    the planner made a plan at arrivals, not at every decision, and its predictions' error
+    raised the gain a change needs."""
     arrivals = poisson(30, 2.0, dict.fromkeys(MODELS, 1.0), {m: (2000, 40000) for m in MODELS},
                        11)
     arrivals = [replace(a, spec=replace(a.spec, gpus=2)) if i % 3 == 0 else a
@@ -106,7 +107,8 @@ def test_an_open_queue_on_several_nodes_runs_to_the_end_with_a_job_of_fixed_coun
         assert runs[-1].reason == "done" and runs[-1].end_step == stats.steps
         assert all(a.end_step == b.start_step for a, b in zip(runs, runs[1:], strict=False))
     assert 1 <= planner.plans <= 30
-    assert planner.plan is not None and planner.plan.threshold >= planner.min_gain
+    # the profile's 30 % error shows in the predictions scored: the hysteresis grows by it
+    assert planner._errors and planner.plan.threshold > planner.min_gain + 0.05
 
 
 def test_it_keeps_its_driver_unless_the_gain_beats_its_error():

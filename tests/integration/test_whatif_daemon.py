@@ -6,6 +6,8 @@ it, and every job trains to its last step once (emulated jobs, real processes an
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from tests.scenarios import check_no_gpu_shared, runs_by_job
 pytestmark = pytest.mark.daemon
 
 PLAIN = [sys.executable, "-c", "import time; time.sleep(1.0)"]
+EMULATE = [sys.executable, "-m", "marbled.worker.emulate", "--time-scale", "0.01"]
 
 
 def test_the_planner_plans_beside_the_loop_and_every_job_ends_once(daemon_factory):
@@ -47,3 +50,43 @@ def test_the_planner_plans_beside_the_loop_and_every_job_ends_once(daemon_factor
     metrics = scrape(daemon)
     assert metrics("marbled_planner_plans") >= 1
     assert metrics("marbled_planner_cpu_seconds") > 0
+
+
+def test_the_planners_process_goes_with_a_broker_killed_by_sigkill(daemon_factory, tmp_path):
+    """A broker killed with SIGKILL cannot shut its planning process down: the process sees
+    its broker gone and exits (it waited for work forever, holding both ends of its queue);
+    the next broker finishes the jobs, each trained once to its last step."""
+    log = tmp_path / "steps.log"
+    args = ("--policy", "whatif", "--plan-every", "0", "--nodes", "2")
+    daemon = daemon_factory(*args, gpus=4)
+    daemon.submit({"command": [*EMULATE, "--step-log", str(log)], "model": "inception-v3",
+                   "steps": 3000},
+                  *[{"model": "vgg-16", "steps": 800, "emulate": True}] * 2)
+    metrics = daemon.wait_for(lambda: (m := scrape(daemon))("marbled_planner_plans") >= 1 and m,
+                              timeout=60, what="a plan")
+    assert metrics("marbled_planner_cpu_seconds") > 0
+    workers = [p for p in _children(daemon.proc.pid) if b"spawn_main" in _cmdline(p)]
+    assert len(workers) == 1, workers
+    daemon.proc.kill()
+    daemon.proc.wait()
+    deadline = time.monotonic() + 10
+    while _cmdline(workers[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _cmdline(workers[0]), "the planner's process outlived its broker"
+    again = daemon_factory(*args, gpus=4)
+    jobs = again.wait_all(timeout=120)
+    assert [(j["state"], j["step"]) for j in jobs] == [("done", 3000)] + [("done", 800)] * 2
+    assert [int(s) for s in log.read_text().split()] == list(range(1, 3001))
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(c) for t in tasks.iterdir()
+            for c in (t / "children").read_text().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

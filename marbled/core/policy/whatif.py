@@ -24,7 +24,9 @@ the next epoch.
   epoch while a reshape is under way (a checkpoint being written), or while a job cannot be
   simulated (no curve, or no expected end): the driver goes on.
 * Bounded cost. A plan simulates the running jobs and the first `plan_jobs` waiting ones:
-  a candidate count of simulations of at most that many jobs, whatever the queue holds.
+  a candidate count of simulations of at most that many jobs, whatever the queue holds. In
+  the broker, plans are made in a process of their own (`daemon/planner.py`) and take at
+  most `plan_cpu` of a core: after a plan of C CPU seconds, the next waits C / plan_cpu.
 
 The simulator is pure too: a plan reads the state and changes nothing of it.
 """
@@ -149,10 +151,10 @@ class WhatIfPolicy(Policy):
 
     def choose(self, state: State, now: float) -> list:
         if self._pending is not None and self._pending.done():
-            pending, self._pending = self._pending, None
-            self._adopt(pending.result())
+            made, self._pending = self._pending.result(), None
+            self._adopt(made)
             # its CPU share: the next plan rests for the time this one took over that share
-            self._rest_until = now + pending.result().cpu_s / self.plan_cpu
+            self._rest_until = now + made.cpu_s / self.plan_cpu
         self._score(state, now)
         if self._wants_plan(state, now):
             self._due = now if self.plan is None else max(now, self.plan.at + self.plan_every,
