@@ -40,6 +40,9 @@ design too), default costs 10/10; with `--best-static`, the
 sets against the best plans for makespan and for JCT. Everywhere, a policy's average JCT
 is compared with the best of the other policies whose makespan is within 10 % of the best
 makespan (JCT_REFERENCE): one that buys JCT with a far longer makespan is no reference.
+`--speed-error E` makes the profile wrong: each model really trains at its curve times a
+factor in [1/(1+E), 1+E] drawn from the workload's name; the policies read the profile,
+and each run's real end once the broker would have measured its speed.
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import random
 import statistics
 import time
+from dataclasses import replace
 from multiprocessing import Pool
 
 from marbled.core.policy import POLICIES, get_policy
@@ -156,15 +162,30 @@ def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:
     return from_job_file(workload_path(workload)), 1
 
 
-def cell(args: tuple[str, str, str, int]) -> dict:
-    """One simulation: a policy on a workload at a cost."""
-    policy, workload, cost, jobs = args
+def mistold(book, error: float, workload: str):
+    """The truth where the profile is wrong: each model trains at its curve times a factor
+    between 1 / (1 + error) and 1 + error (log-uniform, drawn from the workload's name, so
+    every policy of a cell meets the same truth)."""
+    if not error:
+        return None
+    rng = random.Random(f"speed-error {workload}")
+    span = math.log1p(error)
+    return replace(book, curves={k: replace(c, steps_per_second=tuple(
+        v and v * math.exp(rng.uniform(-span, span)) for v in c.steps_per_second))
+        for k, c in sorted(book.curves.items())})
+
+
+def cell(args: tuple) -> dict:
+    """One simulation: a policy on a workload at a cost (and, a fifth, the profile's error)."""
+    policy, workload, cost, jobs, *error = args
     launch, suspend = (float(x) for x in cost.split("/"))
     book = load_profile(PROFILE)
     arrivals, nodes = arrivals_of(workload, jobs)
     gpus = gpus_of(workload, book)
+    truth = mistold(book, error[0] if error else 0.0, workload)
     t0 = time.perf_counter()
-    r = Simulator(book, get_policy(policy), gpus, nodes, launch, suspend).run(arrivals)
+    r = Simulator(book, get_policy(policy), gpus, nodes, launch, suspend,
+                  truth=truth).run(arrivals)
     return {"policy": policy, "workload": workload, "cost": cost, "makespan_s": r.makespan,
             "average_jct_s": r.average_jct, "lower_bound_s": r.lower_bound,
             "suspensions": r.suspensions, "wall_s": time.perf_counter() - t0}
@@ -296,14 +317,16 @@ def matrix(args) -> None:
     ours = args.ours or ("learned" if args.held_out else OURS)
     costs = args.cost or list(FAMILY_COSTS if args.family else
                               MULTI_COSTS if args.multi_node else COSTS)
-    jobs = [(p, w, c, args.jobs) for c in costs for w in workloads for p in policies]
+    jobs = [(p, w, c, args.jobs, args.speed_error) for c in costs for w in workloads
+            for p in policies]
     t0 = time.perf_counter()
     if args.processes > 1:  # the cells are independent; the simulator is single-threaded
         with Pool(args.processes) as pool:
             cells = pool.map(cell, jobs, chunksize=1)
     else:
         cells = [cell(j) for j in jobs]
-    out = {"profile": PROFILE, "poisson": {"jobs": args.jobs, "rate_per_hour": 60, "nodes": 4},
+    out = {"profile": PROFILE, "speed_error": args.speed_error,
+           "poisson": {"jobs": args.jobs, "rate_per_hour": 60, "nodes": 4},
            "multi_node": {"models": MULTI_MODELS, "gpus_per_node": MULTI_GPUS,
                           "jobs_per_node": MULTI_JOBS, "rate_per_hour_per_node": MULTI_LOADS,
                           "hours_on_one_gpu": MULTI_HOURS}, "costs": {}}
@@ -468,6 +491,9 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=1000,
                     help="with --decision: time decisions while at least this many wait")
     ap.add_argument("--samples", type=int, default=200, help="with --decision: decisions timed")
+    ap.add_argument("--speed-error", type=float, default=0.0, metavar="E",
+                    help="the profile is wrong: each model really trains at its curve times "
+                         "a factor in [1/(1+E), 1+E], seeded by the workload (default 0)")
     args = ap.parse_args()
     for c in args.cost or ():
         try:

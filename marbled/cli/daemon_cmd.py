@@ -60,8 +60,9 @@ def _host_port(value: str | None) -> tuple[str, int] | None:
                    "starts on; later runs double it while a doubling pays.")
 @click.option("--learn-interval", type=click.FloatRange(min=0.05), default=30.0,
               show_default=True,
-              help="With --learn: seconds between looks at the runs' progress (each look "
-                   "is a throughput sample of every run training long enough).")
+              help="Seconds between looks at the runs' progress: each sets a run's expected "
+                   "end (what policies weigh) by its measured speed, and with --learn is a "
+                   "throughput sample of every run training long enough.")
 @click.option("--time-scale", type=click.FloatRange(min=1e-4, max=1e4), default=1.0,
               show_default=True,
               help="For emulated jobs: real seconds per profiled second (0.02 runs 50x faster).")

@@ -449,7 +449,7 @@ class State:
 
     def expect(self, job_id: int, end: float | None) -> Job:
         """The driver's estimate of when the job's current run ends (policies that weigh the
-        remaining time read it; the profile curve gives it)."""
+        remaining time read it): the profile curve's, then the run's measured speed's."""
         return self._put(evolve(self.jobs[job_id], expected_end=end))
 
     def resize(self, job_id: int, demand: int | None, curve: ThroughputCurve | None,

@@ -15,6 +15,10 @@ A job on several nodes (a count, or a range placed by `core/policy/spread.py`) h
 GPUs on every node of a run and trains at its curve's speed at its count on each node, as
 the broker forecasts it and an emulated job trains: profiles are per node (docs/slurm.md).
 
+Where the profile is wrong about a run's speed (`truth`), the policy reads the profile's
+end until the run has trained `MEASURED_AFTER_S`, and the run's own end after it, as the
+broker corrects a run's expected end from the speed it measures (`daemon/broker.py`).
+
 A simulation may start from a live state (the what-if planner's, `core/policy/whatif.py`):
 `running` names the jobs of the workload (submitted at or before 0) whose runs are under way at 0,
 each with its placement, when its run started and when it trains from; the rest wait.
@@ -34,6 +38,10 @@ from marbled.core.policy.spread import shapes
 from marbled.core.profiles import ProfileBook, ThroughputCurve
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
+
+# When the broker has measured a run's speed: its learner's tick (`learn_interval`) after
+# the run's first step; policies then read the run's end at that speed.
+MEASURED_AFTER_S = 30.0
 
 
 class WorkloadError(SpecError):
@@ -195,6 +203,17 @@ def _next_at(heap: list, live: dict) -> float | None:
     return heap[0][0] if heap and heap[0][3] != "tick" else None
 
 
+def _correct(measured: dict, live: dict, state: State, t: float) -> None:
+    """The expected ends of the runs whose speed the broker has measured by `t`."""
+    for job_id, (at, version, end) in list(measured.items()):
+        lv = live.get(job_id)
+        if lv is None or lv.version != version:
+            del measured[job_id]  # the run ended, or is being suspended
+        elif at <= t:
+            state.expect(job_id, end)
+            del measured[job_id]
+
+
 def _as_run(spec: JobSpec) -> JobSpec:
     """A workload's job as the simulator runs it: its training is simulated, not emulated,
     so a model the policy's profile lacks is sized as the daemon sizes it."""
@@ -302,6 +321,8 @@ class Simulator:
         first_start: dict[int, float] = {}
         completion: dict[int, float] = {}
         live: dict[int, _Live] = {}
+        # runs whose profile is wrong: job -> (when measured, the run's version, its real end)
+        measured: dict[int, tuple[float, int, float]] = {}
         heap: list[tuple[float, int, int, str]] = []  # (time, version, job, 'done'|'suspended')
         version = 0
         overhead = 0.0
@@ -374,6 +395,9 @@ class Simulator:
             told_rate = job.curve.throughput(len(p.gpus), p.share) \
                 if job.curve and job.curve.possible(len(p.gpus)) else rate
             state.expect(job.id, lv.progress_from + left / told_rate)
+            if told_rate != rate:
+                measured[job.id] = (lv.progress_from + MEASURED_AFTER_S, version,
+                                    lv.progress_from + left / rate)
             return (lv.progress_from - started) * _held(p)
 
         underway = dict(running or {})
@@ -394,6 +418,8 @@ class Simulator:
                                             p.share), run.started)
                     launch(job, run.started, run.trains_from)
                 underway = {}
+            if measured:
+                _correct(measured, live, state, t)
             # Ends at one instant are taken together before the policy decides, as the daemon
             # sees the exits that come together in one wake.
             for action, job in (() if together else settle(self.policy, state, t, starts_up)):

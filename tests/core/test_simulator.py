@@ -273,3 +273,45 @@ def test_a_range_job_resumes_on_another_node_set_from_its_checkpoint(tmp_path):
     assert second.parts() == (("node1", (0, 1)),)
     assert r.overhead_gpu_seconds == pytest.approx(10.0 * 2)
     assert r.busy_gpu_seconds == pytest.approx(2 * 60 + 2 * 75)
+
+
+class _Ends(Policy):
+    """marble's decisions, and the end each running job was expected at, at each decision."""
+
+    name = "ends-spy"
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.seen = get_policy("marble"), []
+
+    def choose(self, state, now):
+        self.seen += [(now, j.id, j.expected_end) for j in state.engaged()
+                      if j.placement is not None]
+        return self.inner.choose(state, now)
+
+    def next_decision(self, state, now):
+        return now + 5.0  # look often
+
+
+def test_a_run_slower_than_its_profile_is_expected_at_its_real_end_once_measured():
+    """The policy reads the profile's end until the run has trained MEASURED_AFTER_S, then
+    the run's own (as the broker corrects it from the speed it measures): a job twice as
+    slow as its profile, and nothing changes where the profile is right."""
+    from dataclasses import replace
+
+    from marbled.sim.engine import MEASURED_AFTER_S
+
+    slow = replace(BOOK, curves={k: replace(c, steps_per_second=tuple(
+        v and v / 2 for v in c.steps_per_second)) for k, c in BOOK.curves.items()})
+    job = [JobSpec(model="resnet-50", steps=20000)]
+    for truth, factor in ((slow, 2.0), (None, 1.0)):
+        spy = _Ends()
+        r = Simulator(BOOK, spy, 6, 1, 0.0, 0.0, truth=truth).run(job)
+        end = r.jobs[1].completion
+        ends = {round(e, 6) for _, _, e in spy.seen}
+        early = [e for t, _, e in spy.seen if t < MEASURED_AFTER_S]
+        late = [e for t, _, e in spy.seen if t > MEASURED_AFTER_S]
+        assert early and late
+        assert all(e == pytest.approx(end / factor) for e in early)
+        assert all(e == pytest.approx(end) for e in late)
+        assert len(ends) == (2 if truth else 1)

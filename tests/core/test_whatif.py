@@ -92,7 +92,7 @@ def test_an_open_queue_on_several_nodes_runs_to_the_end_with_a_job_of_fixed_coun
     """Arrivals over time on 3 nodes, a third of the jobs of a fixed count, a profile that is
     wrong about the jobs' speed (the truth 30 % slower): every job ends once, with its steps,
     the planner made a plan at arrivals, not at every decision, and its predictions' error
-    raised the gain a change needs."""
+    raised the gain a change needs, by less than the profile is off."""
     arrivals = poisson(30, 2.0, dict.fromkeys(MODELS, 1.0), {m: (2000, 40000) for m in MODELS},
                        11)
     arrivals = [replace(a, spec=replace(a.spec, gpus=2)) if i % 3 == 0 else a
@@ -107,13 +107,17 @@ def test_an_open_queue_on_several_nodes_runs_to_the_end_with_a_job_of_fixed_coun
         assert runs[-1].reason == "done" and runs[-1].end_step == stats.steps
         assert all(a.end_step == b.start_step for a, b in zip(runs, runs[1:], strict=False))
     assert 1 <= planner.plans <= 30
-    # the profile's 30 % error shows in the predictions scored: the hysteresis grows by it
-    assert planner._errors and planner.plan.threshold > planner.min_gain + 0.05
+    # the profile's error shows in the predictions scored, and the hysteresis grows by it,
+    # but less than the profile is off (1 / 0.7 - 1 = 0.43): the running jobs' ends are
+    # corrected once measured. (With the profile's ends it was 1.6; as a median of each
+    # job's error over its own time ahead, 43: then no plan ever changed.)
+    assert 0.01 < planner.error() < 0.43
+    assert 0.01 < planner.plan.threshold - planner.min_gain < 0.43  # the last plan's
 
 
 def test_it_keeps_its_driver_unless_the_gain_beats_its_error():
     """Hysteresis: the first plan takes the best; a later one changes the driver only for a
-    predicted gain above min_gain plus the median error of the predictions scored so far."""
+    predicted gain above min_gain plus the error of the predictions scored so far."""
     planner = WhatIfPolicy(min_gain=0.02, jct_weight=0.5)
     first = planner.driver
     assert first == "adaptive"  # until a plan is made: adaptive, its own look-ahead and all
@@ -132,7 +136,7 @@ def test_it_keeps_its_driver_unless_the_gain_beats_its_error():
     # job 1 was predicted to end 100 s after the plan at 20 s; it ends at 220 s: error 1.0
     state = State.single_node(4)
     planner._score(_ended(state, 1), 220.0)
-    assert list(planner._errors) == [1.0]
+    assert list(planner._errors) == [(100.0, 100.0)] and planner.error() == 1.0
     plan(30.0, 0.5)  # elastic predicted twice as good, but predictions have been 100 % off
     assert planner.driver == first and planner.plan.threshold == pytest.approx(1.02)
     assert planner.plans == 4 and planner.cpu_s == pytest.approx(0.04)
