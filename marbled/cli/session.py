@@ -66,7 +66,8 @@ def wait(ctx, refs, timeout, interval, quiet, as_json):
       marble wait prepare 17             # the job named 'prepare' and job 17
 
     Exit status: 0 all done, 1 some failed or were cancelled, 2 timed out, 3 the
-    broker stopped (drained) before they ended: a note says so, not an error.
+    broker stopped before they ended (it drained, or was killed): a note says which,
+    not an error.
     """
     api = client(ctx)
     ids = list(dict.fromkeys(job_id(api, ref) for ref in refs))
@@ -83,17 +84,21 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
     bar = _Bar() if sys.stderr.isatty() and not quiet else None
     every = interval if bar else max(interval, PROGRESS_S)  # between progress updates
     last_line = -every
-    answered = False  # the broker has answered: if it stops now, it has drained
+    answered = False  # the broker has answered: if it stops now, it has stopped under us
+    drain_seen = False  # an answer said it drains
 
     def poll(path: str) -> dict:
+        nonlocal drain_seen
         try:
-            return api.get(path)
+            answer = api.get(path)
         except (BrokerUnreachable, ConnectionError) as exc:
             if not answered:
                 raise
             if bar:
                 bar.stop()
-            _stopped(ctx, as_json, exc)
+            _stopped(ctx, as_json, exc, drain_seen, since)
+        drain_seen |= bool(answer.get("draining"))
+        return answer
 
     wanted = set(ids)
     settled: Counter = Counter()  # the states of the parts waited for already
@@ -156,10 +161,13 @@ def _views(api: BrokerClient, ids: list[int]) -> list[dict]:
     return views
 
 
-def _stopped(ctx: click.Context, as_json: bool, exc: Exception) -> None:
-    """The broker stopped while `marble wait` waited (it drained: the allocation's end, a
-    shutdown): what its records say, as a note, not an error (a batch script's normal end);
-    exit status 0 or 1 if every job had ended, else 3."""
+def _stopped(ctx: click.Context, as_json: bool, exc: Exception, drain_seen: bool,
+             since: float) -> None:
+    """The broker stopped while `marble wait` waited: what its records say, as a note, not
+    an error (a drain, at the allocation's end or a shutdown, is a batch script's normal
+    end); exit status 0 or 1 if every job had ended, else 3. Whether it drained: an answer
+    said so, or its records hold a drain since the wait began; else it was killed or
+    failed."""
     from marbled.cli.offline_api import NoRecords, OfflineApi  # only now: no broker answers
 
     root = ctx.find_root().obj
@@ -170,13 +178,18 @@ def _stopped(ctx: click.Context, as_json: bool, exc: Exception) -> None:
         ctx.exit(3)
     try:
         jobs = records.get("/v1/jobs")["jobs"]
+        drained = drain_seen or records.records.store.writer().execute(
+            "SELECT 1 FROM events WHERE kind = 'drain' AND at >= ? LIMIT 1",
+            (since,)).fetchone() is not None
     finally:
         records.close()
     left = [j for j in jobs if j["state"] not in FINAL]
     if not left:
         output(ctx, as_json, {"jobs": jobs}, lambda: None)
         ctx.exit(0 if all(j["state"] == "done" for j in jobs) else 1)
-    click.echo(f"marble wait: the broker stopped (it drained) with {len(left)} of {len(jobs)} "
+    how = "(it drained)" if drained else \
+        "without draining (killed, or it failed: its log says which)"
+    click.echo(f"marble wait: the broker stopped {how} with {len(left)} of {len(jobs)} "
                "jobs not ended; a marbled started on this state directory carries on "
                "('marble status' shows them)", err=True)
     output(ctx, as_json, {"jobs": jobs, "stopped": True}, lambda: None)

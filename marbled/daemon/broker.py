@@ -26,7 +26,6 @@ from marbled.core.learning import LearnedBook
 from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
-from marbled.core.progress import UNKNOWN, Progress, run_progress
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock
 from marbled.daemon.coalesce import EndCoalescer
@@ -38,6 +37,7 @@ from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.recovery import recover
 from marbled.daemon.runs import Ended, Runs
 from marbled.daemon.timers import Timers
+from marbled.daemon.views import run_speed
 from marbled.daemon.waiters import EndWaiters
 from marbled.daemon.workfiles import JobFiles
 from marbled.store.db import Store
@@ -238,24 +238,12 @@ class Broker:
         """A run started (or adopted at a restart): the state takes its expected end."""
         self.state.expect(job_id, self.expected_end(job_id, started_at, start_step, gpus, share))
 
-    def run_speed(self, job_id: int, steps: int | None, progress: dict | None = None
-                  ) -> Progress:
-        """A running job's speed and end, from its run's last progress report (`progress`,
-        when the caller has read it): the ETA `status` shows, and the policies' (below)."""
-        live, job = self.runs.live.get(job_id), self.state.jobs.get(job_id)
-        if not live or job is None or job.placement is None or job.state is not JobState.RUNNING:
-            return UNKNOWN
-        if progress is None:
-            progress = self.files.progress(job_id, live.run_id)
-        return run_progress(progress, steps, len(job.gpus), job.placement.share, job.curve,
-                            self.clock.time())
-
     def _measured_ends(self) -> None:
         """The expected end of each run whose speed is measured, at that speed: the policies
         (adaptive's work left, malleable's guard, the planner's simulations) then read when
         a job that runs slower or faster than its profile really ends, not the profile's."""
         for job_id in self.runs.live:
-            p = self.run_speed(job_id, self.specs[job_id].steps)
+            p = run_speed(self, job_id, self.specs[job_id].steps)
             if p.source == "measured" and p.finish_at is not None:
                 self.state.expect(job_id, p.finish_at)
 

@@ -16,7 +16,7 @@ from marbled.core.learning import LearnedBook
 from marbled.core.model import Job, JobState, Role
 from marbled.core.policy.base import role_now
 from marbled.core.profiles import ProfileBook, model_key
-from marbled.core.progress import Progress
+from marbled.core.progress import UNKNOWN, Progress, run_progress
 from marbled.core.target import Target, explicit, of_job
 from marbled.daemon.workfiles import NO_OUTPUT
 from marbled.store.db import job_spec, recorded_job
@@ -24,6 +24,20 @@ from marbled.store.schema import placement_parts
 
 if TYPE_CHECKING:
     from marbled.daemon.broker import Broker
+
+
+def run_speed(b: Broker, job_id: int, steps: int | None, progress: dict | None = None
+              ) -> Progress:
+    """A running job's speed and end, from its run's last progress report (`progress`, when
+    the caller has read it): the ETA `status` shows, and the expected end policies read
+    (`Broker._measured_ends`)."""
+    live, job = b.runs.live.get(job_id), b.state.jobs.get(job_id)
+    if not live or job is None or job.placement is None or job.state is not JobState.RUNNING:
+        return UNKNOWN
+    if progress is None:
+        progress = b.files.progress(job_id, live.run_id)
+    return run_progress(progress, steps, len(job.gpus), job.placement.share, job.curve,
+                        b.clock.time())
 
 
 HOLDING = {s.value for s in JobState if s.holds_gpus}  # states whose row may lag the live one
@@ -159,7 +173,7 @@ class Views:
                        curve=self.broker.curve_of(row.id, job_spec(row)))
 
     def _speed(self, job_id: int, steps: int | None, progress: dict | None = None) -> Progress:
-        return self.broker.run_speed(job_id, steps, progress)
+        return run_speed(self.broker, job_id, steps, progress)
 
     def _aim(self, row, job) -> Target | None:
         """What an unfinished job aims for and why (None for one that has ended)."""
