@@ -36,6 +36,7 @@ run was recorded running more than 1 s after its command exited, and the job set
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -49,10 +50,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marbled.cli.client import ApiError, BrokerClient
-from marbled.demo import start_broker
-from marbled.paths import DB_NAME, socket_path
-from marbled.resources import load_job_file, workload_path
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # tests.conftest (appended: PYTHONPATH wins)
+
+from marbled.cli.client import ApiError, BrokerClient  # noqa: E402
+from marbled.demo import start_broker  # noqa: E402
+from marbled.paths import DB_NAME, socket_path  # noqa: E402
+from marbled.resources import load_job_file, workload_path  # noqa: E402
+from tests.conftest import kill_left_runs  # noqa: E402
 
 FINAL = {"done", "failed", "cancelled"}
 
@@ -78,6 +84,9 @@ def workload(logs: Path, time_scale: float) -> list[dict]:
     return jobs
 
 
+_brokers: list[subprocess.Popen] = []  # the brokers started, for `left_clean`
+
+
 def start(state: Path, time_scale: float,
           slurm_job: str | None = None) -> tuple[subprocess.Popen, float]:
     """A broker on the state directory (on 6 emulated GPUs, or every run a step of Slurm
@@ -88,7 +97,23 @@ def start(state: Path, time_scale: float,
                             {**os.environ, "SLURM_JOB_ID": slurm_job})
     else:
         proc = start_broker(state, "marble", 6, time_scale)
+    _brokers.append(proc)
     return proc, time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def left_clean(state: Path):
+    """However a schedule ends (the benchmark's own failure too: an ENOSPC of its filler
+    once left brokers and jobs running), no broker of it and no run of theirs is left."""
+    try:
+        yield
+    finally:
+        for proc in _brokers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        _brokers.clear()
+        kill_left_runs(state)
 
 
 def unfinished(state: Path) -> int:
@@ -273,7 +298,8 @@ def disk_chaos(root: Path, fills: int, plain: int, seed: int = 0, time_scale: fl
                     str(state)], check=True)
     try:
         (state / "jobs").symlink_to(jobs_dir)
-        return _fill_while_running(state, logs, marks, fills, plain, rng, time_scale, hold)
+        with left_clean(state):  # before the unmount: the runs are read from its store
+            return _fill_while_running(state, logs, marks, fills, plain, rng, time_scale, hold)
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
 
@@ -408,7 +434,8 @@ def main() -> None:
                           for s in summaries) else 0)
     if args.plain:
         for seed in args.seed:
-            with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
+                    left_clean(Path(tmp) / "state"):
                 p = plain_chaos(Path(tmp) / "state", args.plain, args.kills, seed,
                                 slurm_job=args.slurm_job)
             summaries.append({
@@ -419,7 +446,8 @@ def main() -> None:
             print(json.dumps(summaries[-1], indent=1), flush=True)
         sys.exit(1 if any(s["violations"] or s["completed_twice"] for s in summaries) else 0)
     for seed in args.seed:
-        with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
+                left_clean(Path(tmp) / "state"):
             r = chaos(Path(tmp) / "state", args.kills, seed, args.time_scale,
                       (0.05, args.max_gap))
         summaries.append({
