@@ -90,6 +90,11 @@ while step < target:
         if rank == 0:
             ckpt.write_text(json.dumps({"step": step}))
             proto.acknowledge(step)
+        # stopped by another rank's flag: wait a while for its own signal, which the broker
+        # sends each worker's group in turn (a loaded machine took over a step between two)
+        deadline = time.monotonic() + 5
+        while not Path(f"tstp-{tag}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         os._exit(0)
     time.sleep(0.02)
     step += 1
