@@ -155,13 +155,13 @@ def core_cell(name: str, nodes: int, queued: int, samples: int, states: int) -> 
     with contextlib.suppress(Enough):
         Simulator(book, probe, GPUS, nodes, 5.0, 5.0).run(arrivals)
     policy = get_policy(name)
-    pool = ProcessPoolExecutor(1)  # a planner's plans, beside (as in the daemon); else unused
-    if hasattr(policy, "background"):
-        policy.background = pool
+    if not hasattr(policy, "background"):
+        return _core_figures(policy, probe, nodes, queued, samples)
+    policy.background = ProcessPoolExecutor(1)  # a planner's plans, beside (as in the daemon)
     try:
         return _core_figures(policy, probe, nodes, queued, samples)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        policy.background.shutdown(wait=False, cancel_futures=True)
 
 
 def _core_figures(policy, probe: Probe, nodes: int, queued: int, samples: int) -> dict:

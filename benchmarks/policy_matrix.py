@@ -175,14 +175,14 @@ def mistold(book, error: float, workload: str):
         for k, c in sorted(book.curves.items())})
 
 
-def cell(args: tuple) -> dict:
-    """One simulation: a policy on a workload at a cost (and, a fifth, the profile's error)."""
-    policy, workload, cost, jobs, *error = args
+def cell(args: tuple[str, str, str, int, float]) -> dict:
+    """One simulation: a policy on a workload at a cost, the profile wrong by `error`."""
+    policy, workload, cost, jobs, error = args
     launch, suspend = (float(x) for x in cost.split("/"))
     book = load_profile(PROFILE)
     arrivals, nodes = arrivals_of(workload, jobs)
     gpus = gpus_of(workload, book)
-    truth = mistold(book, error[0] if error else 0.0, workload)
+    truth = mistold(book, error, workload)
     t0 = time.perf_counter()
     r = Simulator(book, get_policy(policy), gpus, nodes, launch, suspend,
                   truth=truth).run(arrivals)

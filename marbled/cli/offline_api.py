@@ -290,5 +290,11 @@ class OfflineApi:
         return {**doc, "pid": self.records.pid, "running": False, "as_of": self.records.as_of,
                 "nodes": {n: {**v, "free": None} for n, v in doc["nodes"].items()}}
 
+    def drained_since(self, at: float) -> bool:
+        """Whether the broker began a drain at `at` or later (its `drain` event)."""
+        return self.records.store.writer().execute(
+            "SELECT 1 FROM events WHERE kind = 'drain' AND at >= ? LIMIT 1",
+            (at,)).fetchone() is not None
+
     def close(self) -> None:
         self.records.close()

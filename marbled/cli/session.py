@@ -178,9 +178,7 @@ def _stopped(ctx: click.Context, as_json: bool, exc: Exception, drain_seen: bool
         ctx.exit(3)
     try:
         jobs = records.get("/v1/jobs")["jobs"]
-        drained = drain_seen or records.records.store.writer().execute(
-            "SELECT 1 FROM events WHERE kind = 'drain' AND at >= ? LIMIT 1",
-            (since,)).fetchone() is not None
+        drained = drain_seen or records.drained_since(since)
     finally:
         records.close()
     left = [j for j in jobs if j["state"] not in FINAL]

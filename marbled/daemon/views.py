@@ -147,7 +147,7 @@ class Views:
         progress = b.files.progress(row.id, live.run_id) if live else {}
         if "step" in progress:
             view["step"] = progress["step"]
-        speed = self._speed(row.id, row.steps, progress)
+        speed = run_speed(b, row.id, row.steps, progress)
         view.update(rate=speed.rate, rate_source=speed.source, finish_at=speed.finish_at,
                     eta_s=speed.eta(b.clock.time()))
         return view
@@ -171,9 +171,6 @@ class Views:
             return None
         return replace(recorded_job(row), state=state, role=self._ended_role(row),
                        curve=self.broker.curve_of(row.id, job_spec(row)))
-
-    def _speed(self, job_id: int, steps: int | None, progress: dict | None = None) -> Progress:
-        return run_speed(self.broker, job_id, steps, progress)
 
     def _aim(self, row, job) -> Target | None:
         """What an unfinished job aims for and why (None for one that has ended)."""
@@ -293,7 +290,7 @@ class Views:
         which `explain` gives too (one truth)."""
         b = self.broker
         return {i: end for i in b.runs.live
-                if (end := self._speed(i, b.specs[i].steps).finish_at) is not None}
+                if (end := run_speed(b, i, b.specs[i].steps).finish_at) is not None}
 
     def _forecast_snapshot(self):
         """What a forecast needs, copied from the live state: a function to run elsewhere,
@@ -337,7 +334,7 @@ class Views:
             return int(job.steps_left if job.steps_left is not None else total)
         report = self.broker.files.progress(job.id, live.run_id)
         left = max(total - int(report.get("step") or live.start_step or 0), 0)
-        speed = self._speed(job.id, total)
+        speed = run_speed(self.broker, job.id, total)
         if speed.source == "measured" and job.curve and job.curve.possible(len(job.gpus)):
             left = round(left * job.curve.throughput(len(job.gpus), job.placement.share)
                          / speed.rate)

@@ -389,15 +389,15 @@ class Simulator:
             live[job.id] = lv
             first_start.setdefault(job.id, started)
             left = spec.steps - lv.start_step
-            heapq.heappush(heap, (lv.progress_from + left / rate, version, job.id, "done"))
+            end = lv.progress_from + left / rate
+            heapq.heappush(heap, (end, version, job.id, "done"))
             # what the policy expects: the curve it was told (the truth, unless a profile is
             # wrong)
             told_rate = job.curve.throughput(len(p.gpus), p.share) \
                 if job.curve and job.curve.possible(len(p.gpus)) else rate
             state.expect(job.id, lv.progress_from + left / told_rate)
             if told_rate != rate:
-                measured[job.id] = (lv.progress_from + MEASURED_AFTER_S, version,
-                                    lv.progress_from + left / rate)
+                measured[job.id] = (lv.progress_from + MEASURED_AFTER_S, version, end)
             return (lv.progress_from - started) * _held(p)
 
         underway = dict(running or {})
