@@ -63,7 +63,8 @@ class Profiling:
     model: str
     command: tuple[str, ...]
     counts: list[int]
-    steps: int = 100  # steps timed after the warm-up, at each count
+    steps: int = 100  # steps timed after the warm-up, at each count (more while too few
+    # reports have come to time its windows)
     warmup: int = 10
     time_scale: float = 1.0  # real seconds per profiled second (emulated jobs)
     timeout: float = 1800.0  # per count
@@ -103,7 +104,10 @@ class Profiler:
             if point and (not points or point.step > points[-1].step):
                 points.append(point)
                 self.say(f"{job.model} on {gpus_text(g)}: step {point.step}/{target}")
-            if point and point.step >= target:
+            # past the steps asked, and with a report for each window's edge: a loaded node
+            # may read the first report after the warm-up only past the target
+            if point and point.step >= target and \
+                    sum(p.step >= job.warmup for p in points) > WINDOWS:
                 break
             if not handle.signal(0):
                 raise ProfileRunError(f"the command ended at step "
