@@ -60,7 +60,7 @@ from multiprocessing import Pool
 from marbled.core.policy import POLICIES, get_policy
 from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
-from marbled.sim.generators import production, together
+from marbled.sim.generators import long_jobs, production, together
 from marbled.sim.static_plan import best_static
 from marbled.sim.workloads import from_job_file, poisson, read_trace
 
@@ -132,12 +132,10 @@ def multi_node(workload: str) -> tuple[list, int]:
     """(arrivals, nodes) of a `nodes{N}-{load}` workload, whose seed is fixed per cell (the
     cells adaptive was tuned on), or of `nodes{N}-{load}-s{seed}`."""
     nodes, load, *seeded = workload.removeprefix("nodes").split("-")
-    n, book = int(nodes), load_profile(PROFILE)
-    steps = {m: tuple(round(h * 3600 * book.lookup(m).throughput(1)) for h in MULTI_HOURS)
-             for m in MULTI_MODELS}
+    n = int(nodes)
     seed = int(seeded[0][1:]) if seeded else 100 * n + list(MULTI_LOADS).index(load)
-    return poisson(MULTI_JOBS * n, MULTI_LOADS[load] * n, dict.fromkeys(MULTI_MODELS, 1.0),
-                   steps, seed), n
+    return long_jobs(seed, book=load_profile(PROFILE), nodes=n, per_node_hour=MULTI_LOADS[load],
+                     models=MULTI_MODELS, jobs_per_node=MULTI_JOBS, hours=MULTI_HOURS), n
 
 
 def arrivals_of(workload: str, jobs: int = 1000) -> tuple[list, int]:

@@ -1,56 +1,65 @@
-"""What a learned policy sees of the state: SCHED²'s Table I with fixed shapes (pure, numpy).
+"""What a learned policy sees and may do: each allowed move of the state, as a row (pure, numpy).
 
-SCHED² (Luan et al.) gives its agent the remaining time of every GPU, the first J
-waiting jobs and statistics of the rest; it picks one of the J jobs or "nothing now",
-and a packing rule places the job. `observe()` builds that view from a `State`, for
-the Gymnasium environment (`marbled.sim.env`) and for `--policy learned` alike, so
-both decide on the same numbers. Every entry lies in [-1, 1]; a time t enters as
-t / (t + 1 h), so a minute is 0.016, an hour 0.5, a day 0.96.
+SCHED² (Luan et al.) gives its agent the state and lets it pick a waiting job, a packing
+rule placing it. Here the agent also picks the job's GPU count, and may grow, shrink or
+stop a running job: the moves the what-if planner and adaptive make, so that it can
+learn from them (`marbled.sim.imitate`). `observe()` lists the moves of one decision
+with fixed shapes, for the Gymnasium environment (`marbled.sim.env`) and for `--policy
+learned` alike, so both decide on the same numbers. Every entry lies in [-1, 1]; a time
+t enters as t / (t + 1 h), so a minute is 0.016, an hour 0.5, a day 0.96.
 
-The vector, in order (`DIM` = 8 x 8 + 10 x 12 + 5 = 189 entries):
+The actions (`ACTIONS` = 209), each a row of the observation:
 
-* GPU state, 8 nodes x 8 GPUs: each node's GPUs by remaining time, shortest first (0:
-  free, the time to the run's expected end, 1: held with no known end, -1: no such GPU).
-  Nodes with the most free GPUs come first; a ninth node on is left out, and fewer
-  nodes are padded with -1.
-* Job state, the first `WINDOW` = 10 ready jobs in FIFO order, 12 entries each (zeros
-  for an empty slot): present; it may start now (the mask); its demand / 8; its
-  wait; its run time on its demand (from its steps and its curve; 1 h if unknown); its
-  curve on 1, 2, 4 and 8 GPUs over the best of those and its count (SCHED²'s k = 4
-  profiled placements; 0 where it cannot run; linear up to its count without a curve); the
-  GPUs the packing rule leaves free on its node / 8 (-1: it cannot start); its speed on
-  the GPUs it would start on over its speed on its demand; the later jobs that went
-  before it / the bound.
-* Statistics of the ready jobs behind the window (SCHED²'s four, the means over the
-  first 32 of them): their count as n / (n + 10), mean GPU count / 8, mean run time, mean wait;
-  and the share of the GPUs free.
+* start the i-th of the first `WINDOW` = 8 ready jobs (FIFO order) on c = 1..8 GPUs
+  (index i x 8 + c - 1), on the node with the fewest free GPUs that hold c (SCHED²'s
+  packing; the first such node on a tie): allowed for a count its curve allows, from its
+  fewest up to its demand (a rigid job: its count alone);
+* move the r-th of up to `RUNNING` = 16 running resizable jobs (those that train: their
+  launch cost has passed; and whose run has lasted `guard` times what a move costs it;
+  most time left first) to c GPUs (index 64 + r x 9 + c): on
+  its node, or where that lacks room, on the fullest node that holds c; c = 0 stops it
+  back to the queue. A move is a checkpoint, then a resume;
+* `NOTHING` (208): take no more action now. Refused while a start is allowed and a
+  node is idle (unless a move is under way: its plan is being carried out), or nothing
+  holds GPUs: the policy never leaves a node idle that a job could use.
 
-The job's count comes from its curve, not from the action: its demand (the profile's
-optimum, as `size_job` set it) where a node has it free, else as many GPUs as the
-node with most free has (a resizable job, down to the fewest its curve allows). The
-action space stays J + 1, as SCHED²'s; the agent does not have to learn what the
-curve already says, and it still chooses between starting a job now on fewer GPUs and
-holding them for later (its observation gives the speed the job would get).
+The vector (`DIM` = 10 + 209 x 16): first `GLOBAL` entries of the whole state (the share
+of GPUs free, the nodes / 8, the ready jobs n / (n + 10), their mean wait, run time and
+demand over the GPUs (the first 32), the running jobs over the GPUs, their mean time left,
+the share of GPUs held below a job's demand, the largest free block / 8), then one row of
+`ROW` entries per action, zeros where it is not allowed: allowed; start, move, nothing;
+the count / 8; the count is the job's demand; its speed on the count over its best; its
+time to the end on the count (with a move's cost); that time's change against its demand
+(a start) or its current count (a move); its wait; its place in the window (a start) or
+its current count / 8 (a move); later jobs that went before it / the bound (a start) or
+"to another node" (a move); the free GPUs of the node before and after (a move's own
+GPUs counted free on its node); its demand / 8; rigid. A network scores each row alike
+(one small MLP over the global entries and the row), so what it learns of one slot holds
+for every slot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 
 import numpy as np
 
-from marbled.core.model import Job, State
-from marbled.core.policy.base import fifo_candidates
+from marbled.core.model import Action, Job, JobState, Placement, Start, State, Suspend
+from marbled.core.policy.base import fifo_candidates, role_for, work_left
+from marbled.core.profiles import ThroughputCurve
 
-NODES = 8  # nodes of the GPU state
-GPUS = 8  # GPU slots per node of the GPU state
-WINDOW = 10  # J: the waiting jobs the agent may pick from
-PROFILED = (1, 2, 4, 8)  # counts of the curve in a job's entry (SCHED²'s k = 4)
-PER_JOB = 8 + len(PROFILED)
-BEHIND = 32  # ready jobs behind the window the statistics read, at most
-DIM = NODES * GPUS + WINDOW * PER_JOB + 5
-NOTHING = WINDOW  # the action "start nothing now"
+COUNTS = 8  # GPU counts 1..8 a start or a move may take
+WINDOW = 8  # the waiting jobs the agent may start
+RUNNING = 16  # the running jobs it may move
+RESIZE = WINDOW * COUNTS  # the first move action
+NOTHING = RESIZE + RUNNING * (COUNTS + 1)  # "no more action now"
+ACTIONS = NOTHING + 1
+GLOBAL = 10
+ROW = 16
+DIM = GLOBAL + ACTIONS * ROW
+BEHIND = 32  # ready jobs the global statistics read, at most
 HOUR = 3600.0
 
 
@@ -68,109 +77,181 @@ def run_time(job: Job, count: int | None = None) -> float | None:
     return job.steps_left / curve.throughput(count) + (curve.startup_s or 0.0)
 
 
-def pack(job: Job, free: dict[str, list[int]]) -> tuple[str, tuple[int, ...]] | None:
-    """SCHED²'s packing rule for a one-node job: the node with the fewest free GPUs that
-    still hold its demand (the first such node on a tie); where none does, a resizable
-    job takes the node with the most free GPUs, on as many as its curve allows there
-    (SCHED² spreads the rest over other servers; a job here runs on one node). Its
-    lowest free GPUs; None if it cannot start."""
-    if job.nodes > 1 or not free:
-        return None
-    fits = [(len(gpus), n) for n, gpus in free.items() if len(gpus) >= job.demand]
-    if fits:
-        node = min(fits, key=lambda f: f[0])[1]
-        return node, tuple(free[node][:job.demand])
-    node = max(free, key=lambda n: len(free[n]))
-    count = job.fit(len(free[node])) if job.malleable else None
-    if count is None or count < job.fewest:
-        return None
-    return node, tuple(free[node][:count])
+@lru_cache(maxsize=4096)
+def _speeds(curve: ThroughputCurve | None, demand: int) -> tuple[float, ...]:
+    """Its speed on 1..COUNTS GPUs over the best of them and its demand (0: cannot run)."""
+    if curve is None or not curve.possible(demand):
+        return tuple(min(c, demand) / demand for c in range(1, COUNTS + 1))
+    raw = [curve.throughput(c) if curve.possible(c) else 0.0 for c in range(1, COUNTS + 1)]
+    best = max(*raw, curve.throughput(demand))
+    return tuple(s / best for s in raw)
+
+
+def counts(job: Job) -> range | tuple[int, ...]:
+    """The GPU counts a start may give it: its fewest up to its demand that its curve
+    allows; a rigid job its count alone."""
+    if not job.malleable or job.demand > COUNTS:
+        return (job.demand,) if job.demand <= COUNTS else ()
+    curve = job.curve
+    return tuple(c for c in range(job.fewest, job.demand + 1)
+                 if curve is None or curve.possible(c))
+
+
+def pack(count: int, free: dict[str, list[int]]) -> str | None:
+    """SCHED²'s packing: the node with the fewest free GPUs that still hold `count`."""
+    best = None
+    for n, gpus in free.items():
+        if len(gpus) >= count and (best is None or len(gpus) < len(free[best])):
+            best = n
+    return best
 
 
 @dataclass(frozen=True)
 class Observation:
     vector: np.ndarray  # float32, shape (DIM,)
-    mask: np.ndarray  # bool, shape (WINDOW + 1,): the actions allowed; the last is NOTHING
+    mask: np.ndarray  # bool, shape (ACTIONS,): the actions allowed; the last is NOTHING
     jobs: tuple[Job, ...]  # the window, in FIFO order
-    places: tuple[tuple[str, tuple[int, ...]] | None, ...]  # where each would start now
+    running: tuple[Job, ...]  # the movable running jobs, in their slots
+    moves: dict[int, Action]  # what each allowed action does (NOTHING: absent)
+
+    def index(self, action: Action) -> int | None:
+        """The action of this observation that does what `action` (another policy's) does:
+        the same job started on as many GPUs, or moved to as many (on another node too);
+        None where none does (another policy's Start of a job outside the window, on
+        several nodes or a shared GPU, a move of a job outside the slots)."""
+        if isinstance(action, Start):
+            if action.others or action.share > 1:
+                return None
+            slot = next((i for i, j in enumerate(self.jobs) if j.id == action.job), None)
+            if slot is None:
+                return None
+            i = slot * COUNTS + len(action.gpus) - 1
+        elif isinstance(action, Suspend):
+            slot = next((r for r, j in enumerate(self.running) if j.id == action.job), None)
+            if slot is None or (action.resume_on and action.resume_on.others):
+                return None
+            count = len(action.resume_on.gpus) if action.resume_on else 0
+            i = RESIZE + slot * (COUNTS + 1) + count
+        else:
+            return None
+        return i if 0 <= i < NOTHING and self.mask[i] else None
 
 
-def observe(state: State, now: float, bound: float) -> Observation:
+def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Observation:
     """The agent's view of `state` at `now`. `bound`: a job lets at most that many later
-    jobs start before it; once it has, only it may start (FIFO from there on).
-
-    "Nothing now" is refused only when nothing holds GPUs and a job may start: an idle
-    cluster with a job that fits starts it (no event would come to decide again)."""
+    jobs start before it; once it has, only it may start (FIFO from there on). `guard`: a
+    run may be moved once it has lasted that many times what a move costs it."""
     free = {n: state.free(n) for n in state.nodes}
+    total = sum(n.size for n in state.nodes.values()) or 1
     vec = np.zeros(DIM, dtype=np.float32)
-    vec[:NODES * GPUS] = -1.0
-    left = {}  # (node, gpu) -> remaining seconds (inf: no known end)
-    engaged = state.engaged()
-    for job in engaged:
-        for p in (job.placement, job.resume_on):
-            if p is None:
-                continue
-            end = job.expected_end if p is job.placement else None
-            for node, gpus in p.parts():
-                for g in gpus:
-                    left[node, g] = np.inf if end is None else max(end - now, 0.0)
-    order = sorted(state.nodes, key=lambda n: -len(free[n]))[:NODES]
-    for i, name in enumerate(order):
-        times = sorted(left.get((name, g), 0.0) for g in state.nodes[name].gpus)[:GPUS]
-        base = i * GPUS
-        for k, t in enumerate(times):
-            vec[base + k] = 1.0 if t == np.inf else squash(t)
+    rows = vec[GLOBAL:].reshape(ACTIONS, ROW)
+    mask = np.zeros(ACTIONS, dtype=bool)
+    moves: dict[int, Action] = {}
 
     ready = fifo_candidates(state, now)
     jobs = tuple(islice(ready, WINDOW))
-    mask = np.zeros(WINDOW + 1, dtype=bool)
-    places = tuple(pack(j, free) for j in jobs)
     forced = bool(jobs) and state.overtaken(jobs[0].id) >= bound
-    base = NODES * GPUS
-    for i, job in enumerate(jobs):
-        mask[i] = places[i] is not None and (i == 0 or not forced)
-        run = run_time(job)
-        row = [1.0, float(mask[i]), job.demand / GPUS, _wait(job, now),
-               0.5 if run is None else squash(run)]
-        row += _profile(job)
-        place = places[i]
-        row.append((len(free[place[0]]) - len(place[1])) / GPUS if place else -1.0)
-        row.append(_speed(job, len(place[1])) if place else 0.0)
-        row.append(min(state.overtaken(job.id) / bound, 1.0) if bound > 0 else 1.0)
-        vec[base + i * PER_JOB: base + (i + 1) * PER_JOB] = row
-    mask[NOTHING] = bool(engaged) or not mask[:NOTHING].any()
+    for i, job in enumerate(jobs[:1] if forced else jobs):
+        if job.nodes > 1:
+            continue
+        speeds, wait = _speeds(job.curve, job.demand), _wait(job, now)
+        best = run_time(job)
+        passed = min(state.overtaken(job.id) / bound, 1.0) if bound > 0 else 1.0
+        for c in counts(job):
+            node = pack(c, free)
+            if node is None:
+                continue
+            a = i * COUNTS + c - 1
+            run = run_time(job, c)
+            mask[a] = True
+            rows[a] = (1.0, 1.0, 0.0, 0.0, c / COUNTS, float(c == job.demand), speeds[c - 1],
+                       _time(run), _time(run) - _time(best), wait, i / WINDOW, passed,
+                       len(free[node]) / COUNTS, (len(free[node]) - c) / COUNTS,
+                       min(job.demand / COUNTS, 1.0), float(not job.malleable))
+            moves[a] = Start(job.id, node, tuple(free[node][:c]), role_for(job, c))
+
+    engaged = state.engaged()
+    movable = sorted((j for j in engaged if _movable(j, now, guard)),
+                     key=lambda j: (-(j.expected_end or 0.0), j.id))[:RUNNING]
+    for r, job in enumerate(movable):
+        node, held = job.placement.node, len(job.gpus)
+        speeds, left = _speeds(job.curve, job.demand), work_left(job, now)
+        now_end = _time(left / job.curve.throughput(held) if left is not None else None)
+        cost = (job.curve.startup_s or 0.0) + (job.curve.suspend_s or 0.0)
+        for c in (0, *counts(job)):
+            # on its node, or where its node lacks room, to the fullest node that holds c
+            to = node if c - held <= len(free[node]) else pack(c, free)
+            if c == held or to is None:
+                continue
+            a = RESIZE + r * (COUNTS + 1) + c
+            end = 1.0 if c == 0 else _time(left / job.curve.throughput(c) + cost
+                                           if left is not None else None)
+            room = len(free[to]) + (held if to == node else 0)  # its own GPUs included
+            mask[a] = True
+            rows[a] = (1.0, 0.0, 1.0, 0.0, c / COUNTS, float(c == job.demand),
+                       speeds[c - 1] if c else 0.0, end, end - now_end, _wait(job, now),
+                       held / COUNTS, float(to != node), len(free[to]) / COUNTS,
+                       (room - c) / COUNTS, min(job.demand / COUNTS, 1.0), 0.0)
+            if c == 0:
+                moves[a] = Suspend(job.id, None, "learned: back to the queue")
+                continue
+            if to != node:
+                gpus = tuple(free[to][:c])
+            elif c < held:
+                gpus = job.gpus[:c]
+            else:
+                gpus = tuple(sorted(job.gpus + tuple(free[node][:c - held])))
+            why = f"learned: {'grow' if c > held else 'shrink'} to {c}"
+            moves[a] = Suspend(job.id, Placement(to, gpus),
+                               why + (f" on {to}" if to != node else ""))
+
+    starts = mask[:RESIZE].any()
+    idle = any(len(free[n]) == state.nodes[n].size > 0 for n in free)
+    # a reshape under way is a plan being carried out: its GPUs are spoken for
+    moving = any(j.state is JobState.SUSPENDING for j in engaged)
+    mask[NOTHING] = not starts or (bool(engaged) and (moving or not idle))
+    if mask[NOTHING]:
+        rows[NOTHING, :4] = (1.0, 0.0, 0.0, 1.0)
 
     rest = list(islice(ready, BEHIND))
-    count = max(state.ready_count - len(jobs), len(rest))  # those in a back-off count too
-    stats = base + WINDOW * PER_JOB
-    if rest:
-        runs = [run_time(j) for j in rest]
-        vec[stats: stats + 4] = (
-            count / (count + WINDOW), sum(j.demand for j in rest) / len(rest) / GPUS,
-            sum(0.5 if r is None else squash(r) for r in runs) / len(runs),
-            sum(_wait(j, now) for j in rest) / len(rest))
-    total = sum(n.size for n in state.nodes.values())
-    vec[stats + 4] = sum(len(g) for g in free.values()) / total if total else 0.0
-    return Observation(vec, mask, jobs, places)
+    window = [*jobs, *rest][:BEHIND]
+    if window:
+        count = max(state.ready_count, len(window))
+        runs = [run_time(j) for j in window]
+        vec[2:6] = (count / (count + 10), sum(_wait(j, now) for j in window) / len(window),
+                    sum(_time(r) for r in runs) / len(runs),
+                    min(sum(j.demand * j.nodes for j in window) / total, 1.0))
+    running = [j for j in engaged if j.placement is not None]
+    held = sum(len(j.gpus) for j in running)
+    below = sum(len(j.gpus) for j in running if len(j.gpus) < j.demand)
+    vec[0] = sum(len(g) for g in free.values()) / total
+    vec[1] = min(len(state.nodes) / COUNTS, 1.0)
+    vec[6] = min(len(running) / total, 1.0)
+    if running:
+        vec[7] = sum(_time(None if j.expected_end is None else j.expected_end - now)
+                     for j in running) / len(running)
+    vec[8] = below / held if held else 0.0
+    vec[9] = min(max((len(g) for g in free.values()), default=0) / COUNTS, 1.0)
+    return Observation(vec, mask, jobs, tuple(movable), moves)
+
+
+def _movable(job: Job, now: float, guard: float) -> bool:
+    """May the agent move this job now: a resizable run on whole GPUs of one node, with a
+    curve, that trains (its launch cost has passed: the drivers refuse to stop a run still
+    starting up, lifecycle I6) and has lasted `guard` times what a move costs it."""
+    p, started = job.placement, job.run_started
+    if not (job.state is JobState.RUNNING and job.malleable and job.curve is not None
+            and p is not None and not p.others and p.share == 1 and job.nodes == 1
+            and started is not None and now > started):
+        return False
+    launch = job.curve.startup_s or 0.0
+    return now - started >= max(launch, guard * (launch + (job.curve.suspend_s or 0.0)))
+
+
+def _time(seconds: float | None) -> float:
+    """A time to an end: squashed; 0.5 (an hour) when unknown."""
+    return 0.5 if seconds is None else squash(max(seconds, 0.0))
 
 
 def _wait(job: Job, now: float) -> float:
     return squash(now - job.submitted) if job.submitted is not None else 0.0
-
-
-def _speed(job: Job, count: int) -> float:
-    """Its speed on `count` GPUs over its speed on its demand."""
-    curve = job.curve
-    if curve is None or not curve.possible(job.demand):
-        return min(count, job.demand) / job.demand
-    return min(curve.throughput(count) / curve.throughput(job.demand), 1.0)
-
-
-def _profile(job: Job) -> list[float]:
-    """Its speed on each of `PROFILED` counts over the best of them and its own count."""
-    curve = job.curve
-    if curve is None or not curve.possible(job.demand):
-        return [min(g, job.demand) / job.demand for g in PROFILED]
-    speeds = [curve.throughput(g) if curve.possible(g) else 0.0 for g in PROFILED]
-    best = max(*speeds, curve.throughput(job.demand))
-    return [s / best for s in speeds]

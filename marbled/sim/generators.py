@@ -24,6 +24,9 @@ node asks for one node's GPUs (so that every policy can run the trace), or with
 `whole_nodes` for several whole nodes, if the cluster has them (rigid: a job on several
 nodes keeps its shape; only the multi-node policies run such a trace).
 
+`long_jobs` draws the multi-node family's Poisson arrivals of long jobs (issue 21's
+Pollux-like traces: 1-24 h on one GPU, `jobs_per_node` a node).
+
 `together` draws job sets submitted at once: `jobs` jobs of random models and lengths,
 all at t = 0 (Pollux-like sets, `MULTI_MODELS` of policy_matrix on 4-GPU nodes).
 
@@ -159,6 +162,19 @@ def _job(book: ProfileBook, model: str, request: int, seconds: float, rigid: boo
     gpus = min(request, gpus_per_node)
     return JobSpec(emulate=True, model=model, steps=max(1, round(
         seconds * curve.throughput(gpus))), gpus=gpus if rigid else None)
+
+
+def long_jobs(seed: int, *, book: ProfileBook, nodes: int, per_node_hour: float,
+              models: Sequence[str], jobs_per_node: int = 16,
+              hours: tuple[float, float] = (1.0, 24.0)) -> list[Arrival]:
+    """Poisson arrivals, `per_node_hour` jobs an hour a node, of `jobs_per_node` jobs a node
+    of `models` (equally likely), each `hours` long on one GPU (uniform in steps)."""
+    from marbled.sim.workloads import poisson
+
+    steps = {m: tuple(round(h * 3600 * book.lookup(m).throughput(1)) for h in hours)
+             for m in models}
+    return poisson(jobs_per_node * nodes, per_node_hour * nodes, dict.fromkeys(models, 1.0),
+                   steps, seed)
 
 
 def together(seed: int, *, book: ProfileBook, jobs: int = 4, models: Sequence[str] | None = None,

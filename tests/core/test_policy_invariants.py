@@ -236,6 +236,17 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 assert job.expected_end is not None and job.expected_end > GUARD_S, (
                     f"job {job.id} reshaped within the guard ({job.expected_end})")
                 assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
+            case Suspend(resume_on=target) if policy == "learned":  # one move a decision
+                own = [a for a in actions if not isinstance(a, Cancel)
+                       and not (isinstance(a, Start) and not jobs[a.job].waiting)]
+                assert own == [action], f"learned: more than one move: {actions}"
+                assert job.malleable and job.curve is not None
+                assert job.state is JobState.RUNNING and len(job.placement.parts()) == 1
+                assert target is None or job.fewest <= len(target.gpus) <= job.demand
+                assert target is None or len(target.gpus) != len(job.gpus)
+                if target is not None and target.node == job.placement.node:
+                    mine, new = set(job.gpus), set(target.gpus)
+                    assert new < mine or mine < new, f"learned: {job.gpus} -> {target.gpus}"
             case Suspend(resume_on=target):
                 assert policy == "marble", f"the {policy} policy never suspends"
                 assert job.malleable, f"rigid job {job.id} suspended"

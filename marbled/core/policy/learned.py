@@ -1,21 +1,19 @@
-"""A learned policy (SCHED²'s idea): a trained network picks which waiting job starts next.
+"""A learned policy: a trained network picks the next move, a job and its GPU count or a resize.
 
-At each decision it reads SCHED²'s view of the state (`core.features.observe`: the
-remaining time of every GPU, the first 10 ready jobs, statistics of the rest), scores
-"start job i" for each of them and "start nothing now", and takes the best allowed
-action; the driver asks again at once (`settle`) until it picks "nothing". A job runs
-on one node, placed by SCHED²'s packing rule (`features.pack`): on its demand (the
-count its curve is fastest on, or the count it asked for) on the node with the fewest
-free GPUs that hold it, else, if it is resizable, on as many as the node with the most
-free GPUs has (a secondary). It keeps that count to its end: it is never suspended or
-resized (moldable, as SCHED²'s jobs), and jobs on several nodes are refused.
+At each decision it lists the moves the state allows (`core.features.observe`: start
+one of the first 8 ready jobs on 1 to 8 GPUs, packed on the fullest node that holds
+them; grow, shrink or stop one of the running resizable jobs; or take no more action),
+scores each with one small network and takes the best allowed; the driver asks again at
+once (`settle`) until it picks "nothing". A node left idle while a job could start on
+it is not allowed; jobs on several nodes are refused.
 
 It may reorder the FIFO: it starts a later job before an earlier one that fits, or
 holds GPUs free for a job that does not fit yet. `--max-overtaken N` bounds that: once
 N later jobs have started before a waiting job, only it may start next (FIFO from
 there). With nothing running it always starts a job that fits.
 
-The network is a small MLP trained with MaskablePPO on the project's simulator
+The network learned from the what-if planner (imitation, then DAgger rounds on the
+states it reaches itself) and was then fine-tuned with MaskablePPO on the simulator
 (`marbled/sim/train.py`); its weights ship as `marbled/weights/learned.npz`, and the
 forward pass here is numpy, so the broker needs neither torch nor gymnasium.
 `MARBLE_LEARNED_WEIGHTS` names another weights file (one `train.py` wrote).
@@ -30,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from marbled.core.model import Job, Start, State
-from marbled.core.policy.base import Option, Policy, fifo_candidates, role_for
+from marbled.core.policy.base import Option, Policy, fifo_candidates
 from marbled.core.target import gpus_text
 
 if TYPE_CHECKING:
@@ -40,22 +38,42 @@ if TYPE_CHECKING:
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "learned.npz"
 OVERTAKEN = 10  # the default bound: SCHED²'s window
+# A run is moved only after it has lasted this many times a move's cost: a network that
+# grows and shrinks a job back and forth (one did, 12,775 moves for 640 jobs) spends at
+# most about a tenth of the job's time moving it.
+MOVE_GUARD = 10.0
 
 
 @dataclass(frozen=True)
 class Network:
-    """An MLP: tanh hidden layers, then one logit per action (the policy head of
-    stable-baselines3's MlpPolicy, exported by `marbled.sim.train`)."""
+    """The move scorer: one MLP (tanh hidden layers, one output) applied alike to every
+    allowed move's row beside the state's global entries (`core.features`); its outputs
+    are the moves' logits. Exported by `marbled.sim.train` from the torch module."""
 
     weights: tuple[np.ndarray, ...]  # (inputs, outputs) each
     biases: tuple[np.ndarray, ...]
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """One logit per action of the observation vector `x`; -inf where `mask` (if
+        given) refuses it, and only the allowed rows are computed."""
         import numpy as np
 
+        from marbled.core.features import ACTIONS, GLOBAL, ROW
+
+        rows = x[GLOBAL:].reshape(ACTIONS, ROW)
+        which = np.arange(ACTIONS) if mask is None else np.flatnonzero(mask)
+        out = np.full(ACTIONS, -np.inf)
+        out[which] = self.row_logits(x[:GLOBAL], rows[which])
+        return out
+
+    def row_logits(self, g: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The logit of each row of `rows` beside the global entries `g`."""
+        import numpy as np
+
+        h = np.concatenate([np.broadcast_to(g, (len(rows), len(g))), rows], axis=1)
         for w, b in zip(self.weights[:-1], self.biases[:-1], strict=True):
-            x = np.tanh(x @ w + b)
-        return x @ self.weights[-1] + self.biases[-1]
+            h = np.tanh(h @ w + b)
+        return (h @ self.weights[-1] + self.biases[-1])[:, 0]
 
     @classmethod
     def load(cls, path: str | Path) -> Network:
@@ -74,6 +92,21 @@ class Network:
         np.savez_compressed(path, layers=len(self.weights), **arrays, **extra)
 
 
+def fifo_pick(obs: Observation, state: State, now: float) -> int:
+    """FIFO order with the same packing: the first job of the window that may start, on the
+    most GPUs it may (up to its demand); else nothing (or, where nothing is refused, the
+    first allowed move). It never moves a running job: the baseline a network must beat."""
+    import numpy as np
+
+    from marbled.core.features import COUNTS, NOTHING, RESIZE
+
+    starts = np.flatnonzero(obs.mask[:RESIZE])
+    if len(starts):
+        first = starts[0] // COUNTS
+        return int(starts[starts // COUNTS == first][-1])
+    return NOTHING if obs.mask[NOTHING] else int(np.flatnonzero(obs.mask)[0])
+
+
 def shipped_network() -> Network:
     """The weights `MARBLE_LEARNED_WEIGHTS` names, else those shipped in the package."""
     path = Path(os.environ.get("MARBLE_LEARNED_WEIGHTS") or WEIGHTS)
@@ -88,51 +121,58 @@ def shipped_network() -> Network:
 
 class LearnedPolicy(Policy):
     name = "learned"
+    reshapes = True
     overtaking = ("the learned policy picks the next job among the first ready ones, not in "
                   "FIFO order; --max-overtaken bounds how many may pass the first")
-    summary = "a trained network picks the next job (SCHED²), packed on the fullest node"
+    summary = ("a network learned from the what-if planner picks the next job, its GPU count "
+               "and resizes")
     options = (Option("max_overtaken", OVERTAKEN,
-                      "later jobs that may start before a waiting job; then it goes next"),)
+                      "later jobs that may start before a waiting job; then it goes next"),
+               Option("move_guard", MOVE_GUARD,
+                      "a running job is moved (resized or stopped) only once its run has "
+                      "lasted this many times what a move costs it (checkpoint and relaunch)"))
 
     def __init__(self, *, network: Network | None = None,
                  pick: Callable[[Observation, State, float], int] | None = None,
+                 wake: Callable[[State, float], float | None] | None = None,
                  **settings: float | None):
         """`pick` replaces the network (the Gymnasium environment's agent); `network`
-        replaces the shipped weights."""
+        replaces the shipped weights; `wake` is `next_decision` (a teacher's, so that its
+        labels come at the times it would decide)."""
         super().__init__(**settings)
         import marbled.core.features as features  # numpy: only when this policy is used
 
         self._features = features
-        self._pick = pick
+        self._pick, self._wake = pick, wake
         # read at once: a missing or broken file stops `marbled` at its start
         self.network = network or (None if pick else shipped_network())
 
+    def next_decision(self, state: State, now: float) -> float | None:
+        return self._wake(state, now) if self._wake is not None else None
+
     def observe(self, state: State, now: float) -> Observation:
-        return self._features.observe(state, now, self.max_overtaken)
+        return self._features.observe(state, now, self.max_overtaken, self.move_guard)
 
     def scores(self, obs: Observation) -> np.ndarray:
         """The probability of each allowed action (0 for the others), as the network
         gives them."""
         import numpy as np
 
-        logits = np.where(obs.mask, self.network.logits(obs.vector), -np.inf)
+        logits = self.network.logits(obs.vector.astype(np.float64), obs.mask)
         p = np.exp(logits - logits.max())
         return p / p.sum()
 
     def choose(self, state: State, now: float) -> list:
         obs = self.observe(state, now)
         if not obs.mask[:self._features.NOTHING].any():
-            return []  # nothing may start: no choice to make
+            return []  # nothing may start or move: no choice to make
         if self._pick is not None:
             i = self._pick(obs, state, now)
         else:
             i = int(self.scores(obs).argmax())
-        if i >= len(obs.jobs):
-            return []
         if not obs.mask[i]:
-            raise ValueError(f"action {i} is masked out: {obs.mask.tolist()}")
-        node, gpus = obs.places[i]
-        return [Start(obs.jobs[i].id, node, gpus, role_for(obs.jobs[i], len(gpus)))]
+            raise ValueError(f"action {i} is not allowed: {obs.mask.nonzero()[0].tolist()}")
+        return [] if i == self._features.NOTHING else [obs.moves[i]]
 
     def why_waiting(self, job: Job, state: State, now: float) -> str:
         obs = self.observe(state, now)
@@ -143,20 +183,32 @@ class LearnedPolicy(Policy):
             return (f"waits behind the first {self._features.WINDOW} ready jobs, the only "
                     "ones the learned policy picks from")
         i = ids.index(job.id)
-        head = obs.jobs[0]
-        if not obs.mask[i]:
-            if i and state.overtaken(head.id) >= self.max_overtaken:
-                return (f"waits for job {head.id}: {self.max_overtaken:g} later jobs "
+        own = [a for a, m in obs.moves.items() if isinstance(m, Start) and m.job == job.id]
+        if not own:
+            if i and state.overtaken(obs.jobs[0].id) >= self.max_overtaken:
+                return (f"waits for job {obs.jobs[0].id}: {self.max_overtaken:g} later jobs "
                         "started before it (--max-overtaken), so it goes next")
             most = max((len(state.free(n)) for n in state.nodes), default=0)
             return (f"needs {gpus_text(job.fewest)} on one node; the most free on a node "
                     f"is {most}")
         p = self.scores(obs)
-        best = int(p.argmax())
-        picked = f"job {obs.jobs[best].id}" if best < len(obs.jobs) else "start nothing now"
-        runner = [int(a) for a in p.argsort()[::-1] if p[a] > 0 and a != best]
-        second = (f"job {obs.jobs[runner[0]].id}" if runner[0] < len(obs.jobs)
-                  else "nothing now") if runner else "none"
-        return (f"is in the learned policy's window (position {i + 1}) with score "
-                f"{p[i]:.3f}; its pick: {picked} ({p[best]:.3f}), runner-up: {second}"
-                + (f" ({p[runner[0]]:.3f})" if runner else ""))
+        mine = max(own, key=lambda a: p[a])
+        ranked = [int(a) for a in p.argsort()[::-1] if p[a] > 0]
+        best, runner = ranked[0], next((a for a in ranked[1:]), None)
+        line = (f"is in the learned policy's window (position {i + 1}); its best move: "
+                f"{self._move(obs, mine)} ({p[mine]:.3f}); the pick: {self._move(obs, best)} "
+                f"({p[best]:.3f})")
+        if runner is not None and best != mine:
+            return line
+        return line + (f", runner-up: {self._move(obs, runner)} ({p[runner]:.3f})"
+                       if runner is not None else "")
+
+    def _move(self, obs: Observation, action: int) -> str:
+        move = obs.moves.get(action)
+        if isinstance(move, Start):
+            return f"start job {move.job} on {gpus_text(len(move.gpus))}"
+        if move is None:
+            return "nothing now"
+        if move.resume_on is None:
+            return f"stop job {move.job}"
+        return f"move job {move.job} to {gpus_text(len(move.resume_on.gpus))}"
