@@ -194,14 +194,12 @@ class LearnedPolicy(Policy):
         p = self.scores(obs)
         mine = max(own, key=lambda a: p[a])
         ranked = [int(a) for a in p.argsort()[::-1] if p[a] > 0]
-        best, runner = ranked[0], next((a for a in ranked[1:]), None)
         line = (f"is in the learned policy's window (position {i + 1}); its best move: "
-                f"{self._move(obs, mine)} ({p[mine]:.3f}); the pick: {self._move(obs, best)} "
-                f"({p[best]:.3f})")
-        if runner is not None and best != mine:
-            return line
-        return line + (f", runner-up: {self._move(obs, runner)} ({p[runner]:.3f})"
-                       if runner is not None else "")
+                f"{self._move(obs, mine)} ({p[mine]:.3f}); the pick: "
+                f"{self._move(obs, ranked[0])} ({p[ranked[0]]:.3f})")
+        if ranked[0] == mine and len(ranked) > 1:  # its move is the pick: the runner-up
+            line += f", runner-up: {self._move(obs, ranked[1])} ({p[ranked[1]]:.3f})"
+        return line
 
     def _move(self, obs: Observation, action: int) -> str:
         move = obs.moves.get(action)
