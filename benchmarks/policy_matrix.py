@@ -60,7 +60,7 @@ from multiprocessing import Pool
 from marbled.core.policy import POLICIES, get_policy
 from marbled.resources import load_profile, workload_path
 from marbled.sim.engine import Simulator
-from marbled.sim.generators import long_jobs, production, together
+from marbled.sim.generators import MULTI_MODELS, long_jobs, production, together
 from marbled.sim.static_plan import best_static
 from marbled.sim.workloads import from_job_file, poisson, read_trace
 
@@ -78,7 +78,6 @@ STATIC_POLICIES = (OURS, "marble")
 # The multi-node family (issue 21): Poisson arrivals of long jobs (1-24 h on one GPU) of six
 # models with the profile's curve shapes (peaks at 2, 3 and 4 GPUs), on 1-8 nodes of 4 GPUs, at
 # two loads scaled with the node count; `nodes{N}-{load}`.
-MULTI_MODELS = ("lenet", "alexnet", "resnet-50", "inception-v3", "resnet-101", "vgg-16")
 MULTI_GPUS = 4  # GPUs per node of the family (the profile's curves up to 4)
 MULTI_NODES = (1, 2, 4, 8)
 MULTI_LOADS = {"moderate": 0.2, "heavy": 0.4}  # jobs per hour per node

@@ -47,7 +47,7 @@ from itertools import islice
 import numpy as np
 
 from marbled.core.model import Action, Job, JobState, Placement, Start, State, Suspend
-from marbled.core.policy.base import fifo_candidates, role_for, work_left
+from marbled.core.policy.base import fifo_candidates, reshape_cost, role_for, work_left
 from marbled.core.profiles import ThroughputCurve
 
 COUNTS = 8  # GPU counts 1..8 a start or a move may take
@@ -87,7 +87,7 @@ def _speeds(curve: ThroughputCurve | None, demand: int) -> tuple[float, ...]:
     return tuple(s / best for s in raw)
 
 
-def counts(job: Job) -> range | tuple[int, ...]:
+def counts(job: Job) -> tuple[int, ...]:
     """The GPU counts a start may give it: its fewest up to its demand that its curve
     allows; a rigid job its count alone."""
     if not job.malleable or job.demand > COUNTS:
@@ -177,7 +177,7 @@ def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Obser
         node, held = job.placement.node, len(job.gpus)
         speeds, left = _speeds(job.curve, job.demand), work_left(job, now)
         now_end = _time(left / job.curve.throughput(held) if left is not None else None)
-        cost = (job.curve.startup_s or 0.0) + (job.curve.suspend_s or 0.0)
+        cost = reshape_cost(job)
         for c in (0, *counts(job)):
             # on its node, or where its node lacks room, to the fullest node that holds c
             to = node if c - held <= len(free[node]) else pack(c, free)
@@ -244,8 +244,7 @@ def _movable(job: Job, now: float, guard: float) -> bool:
             and p is not None and not p.others and p.share == 1 and job.nodes == 1
             and started is not None and now > started):
         return False
-    launch = job.curve.startup_s or 0.0
-    return now - started >= max(launch, guard * (launch + (job.curve.suspend_s or 0.0)))
+    return now - started >= max(job.curve.startup_s or 0.0, guard * reshape_cost(job))
 
 
 def _time(seconds: float | None) -> float:

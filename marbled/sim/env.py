@@ -10,7 +10,7 @@ time moves on to the next event when the agent picks "nothing now".
 * Observation: `core.features.observe`, a float32 vector of `features.DIM` entries in
   [-1, 1]: the state's global entries, then one row per action (its docstring lists them).
 * Action: `Discrete(ACTIONS)`: start one of the first 8 ready jobs on 1-8 GPUs, move one
-  of 8 running jobs to 0-8 GPUs, or `NOTHING`; `action_masks()` gives the allowed ones, as
+  of 16 running jobs to 0-8 GPUs, or `NOTHING`; `action_masks()` gives the allowed ones, as
   sb3-contrib's MaskablePPO expects.
 * Reward (`reward=`): "effectiveness" (default), SCHED²'s E = T_ideal / (T_wait +
   T_actual) of each job started (T_ideal: its run on its demand, T_actual: on the GPUs

@@ -49,7 +49,8 @@ class Teacher:
 
     def labels(self, obs: Observation, state: State, now: float) -> list[int]:
         """The moves of `obs` the teacher makes at this instant, in its order: the first is
-        its next; [] if it makes only moves that no move of `obs` does."""
+        its next; [] if it makes only moves that no move of `obs` does, or none where
+        "nothing" is refused."""
         if self._at != now:
             self._rest = []
         found = self._found(obs, self._rest)
@@ -96,7 +97,6 @@ class Samples:
 
     g: np.ndarray  # (n, GLOBAL) float32
     rows: np.ndarray  # (rows, ROW) float32: the allowed rows of every decision, in turn
-    acts: np.ndarray  # (rows,) the action of each row
     offsets: np.ndarray  # (n + 1,) decision i's rows are rows[offsets[i]:offsets[i + 1]]
     target: np.ndarray  # (rows,) bool: a move the teacher makes at that instant
 
@@ -105,16 +105,15 @@ class Samples:
 
     @classmethod
     def pack(cls, decisions: Sequence[tuple[Observation, list[int]]]) -> Samples:
-        g, rows, acts, offsets, target = [], [], [], [0], []
+        g, rows, offsets, target = [], [], [0], []
         for obs, labels in decisions:
             allowed = np.flatnonzero(obs.mask)
             g.append(obs.vector[:GLOBAL])
             rows.append(obs.vector[GLOBAL:].reshape(ACTIONS, ROW)[allowed])
-            acts.append(allowed)
             target.append(np.isin(allowed, labels))
             offsets.append(offsets[-1] + len(allowed))
         return cls(np.array(g, np.float32).reshape(-1, GLOBAL), cat(rows, np.float32, ROW),
-                   cat(acts, np.int16), np.array(offsets, np.int64), cat(target, bool))
+                   np.array(offsets, np.int64), cat(target, bool))
 
     @classmethod
     def join(cls, parts: Sequence[Samples]) -> Samples:
@@ -124,8 +123,7 @@ class Samples:
             offsets.append(p.offsets[1:] + base)
             base += p.offsets[-1]
         return cls(np.concatenate([p.g for p in parts]), np.concatenate([p.rows for p in parts]),
-                   np.concatenate([p.acts for p in parts]), np.concatenate(offsets),
-                   np.concatenate([p.target for p in parts]))
+                   np.concatenate(offsets), np.concatenate([p.target for p in parts]))
 
     def decision(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decision i's global entries, allowed rows and the teacher's among them."""
@@ -134,14 +132,14 @@ class Samples:
 
 
 def run_episode(episode: Episode, teacher: str, student: Network | None, beta: float,
-                seed: int, book, costs: tuple[float, float] = (10.0, 10.0)) -> tuple[Samples,
-                                                                                    dict]:
-    """One episode under the mixture; its labelled decisions and its outcome."""
+                seed: int, book, costs: tuple[float, float]) -> tuple[Samples, dict]:
+    """One episode under the mixture, with `costs` (launch, suspend seconds); its labelled
+    decisions and its outcome."""
     name, arrivals, nodes, gpus = episode
     expert = Teacher(get_policy(teacher))
     scorer = LearnedPolicy(network=student) if student is not None else None
     rng = random.Random(seed)
-    decisions: list[tuple[Observation, int]] = []
+    decisions: list[tuple[Observation, list[int]]] = []
     unlabelled = 0
 
     def pick(obs: Observation, state: State, now: float) -> int:
@@ -160,22 +158,24 @@ def run_episode(episode: Episode, teacher: str, student: Network | None, beta: f
 
     policy = LearnedPolicy(pick=pick, wake=expert.next_decision)
     result = Simulator(book, policy, gpus, nodes, *costs).run(arrivals)
-    return Samples.pack(decisions), {"episode": name, "decisions": len(decisions) + unlabelled,
-                     "unlabelled": unlabelled, "average_jct": result.average_jct,
-                     "makespan": result.makespan}
+    outcome = {"episode": name, "decisions": len(decisions) + unlabelled,
+               "unlabelled": unlabelled, "average_jct": result.average_jct,
+               "makespan": result.makespan}
+    return Samples.pack(decisions), outcome
 
 
 def _one(args) -> tuple[Samples, dict]:
     from marbled.resources import load_profile
 
-    episode, teacher, student, beta, seed, profile = args
-    return run_episode(episode, teacher, student, beta, seed, load_profile(profile))
+    episode, teacher, student, beta, seed, profile, costs = args
+    return run_episode(episode, teacher, student, beta, seed, load_profile(profile), costs)
 
 
 def collect(episodes: Sequence[Episode], teacher: str, student: Network | None, beta: float,
-            seed: int, profile: str, processes: int = 1) -> tuple[Samples, list[dict]]:
+            seed: int, profile: str, costs: tuple[float, float],
+            processes: int = 1) -> tuple[Samples, list[dict]]:
     """Every episode under the mixture, in `processes` processes; the labels and outcomes."""
-    jobs = [(e, teacher, student, beta, seed * 100_003 + k, profile)
+    jobs = [(e, teacher, student, beta, seed * 100_003 + k, profile, costs)
             for k, e in enumerate(episodes)]
     if processes > 1:
         with get_context("spawn").Pool(processes) as pool:

@@ -30,16 +30,11 @@ def scorer_module(hidden: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def score(mlp: nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Logits (batch, ACTIONS) of observations `x` (batch, DIM); with `mask`, only the
-    allowed rows are computed, the others -1e9."""
+def score(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits (batch, ACTIONS) of observations `x` (batch, DIM): every row, allowed or not
+    (MaskablePPO masks them itself)."""
     g = x[:, :GLOBAL].unsqueeze(1).expand(-1, ACTIONS, -1)
-    rows = torch.cat([g, x[:, GLOBAL:].reshape(-1, ACTIONS, ROW)], dim=2)
-    if mask is None:
-        return mlp(rows).squeeze(2)
-    out = torch.full(mask.shape, -1e9, dtype=x.dtype)
-    out[mask] = mlp(rows[mask]).squeeze(1)
-    return out
+    return mlp(torch.cat([g, x[:, GLOBAL:].reshape(-1, ACTIONS, ROW)], dim=2)).squeeze(2)
 
 
 def export(mlp: nn.Sequential) -> Network:

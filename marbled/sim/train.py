@@ -1,15 +1,16 @@
 """Train the learned policy: imitate the what-if planner, DAgger, MaskablePPO; export for numpy.
 
     .venv/bin/python -m marbled.sim.train [--episodes 160] [--dagger 3] [--ppo-steps 30000]
-                                          [--seed 0] [--processes 2] [--out DIR]
+        [--teacher whatif] [--validate 24] [--ship best] [--seed 0] [--processes 2] [--out DIR]
 
 Needs the `rl` extra (gymnasium, stable-baselines3, sb3-contrib, torch). Three stages,
 each of whose networks is written (`learned-bc.npz`, `learned-dagger.npz`,
 `learned-ppo.npz`), so each stage's worth can be measured alone:
 
 1. **Behaviour cloning.** `--episodes` workloads are run under the teacher (`--teacher`,
-   default whatif); each decision is labelled with the teacher's move
-   (`marbled.sim.imitate`); the scorer learns them by cross-entropy over the allowed moves.
+   default whatif); each decision is labelled with the teacher's moves at that instant
+   (`marbled.sim.imitate`); the scorer learns them (`marbled.sim.scorer.fit`: minus the
+   log-probability of those moves together, among the allowed ones).
 2. **DAgger** (`--dagger` rounds): as many episodes again, each move the teacher's with
    probability 0.5^round, else the student's; the teacher labels the states the student
    reaches, the labels join the others, and the scorer learns them all again.
@@ -43,7 +44,6 @@ from importlib.metadata import version
 from pathlib import Path
 
 PROFILE = "summit-v100"
-MULTI_MODELS = ("lenet", "alexnet", "resnet-50", "inception-v3", "resnet-101", "vgg-16")
 FAMILIES = {"production": 0.5, "long": 0.3, "together": 0.2}  # the episodes' mix
 NODES = (1, 2, 4, 8)
 LOADS = (0.5, 0.95)  # production: the offered load's range
@@ -59,7 +59,7 @@ STAGES = ("bc", "dagger", "ppo")
 def draw_workload(rng: random.Random, book=None) -> tuple[str, list, int, int]:
     """(name, arrivals, nodes, GPUs per node) of one training episode."""
     from marbled.resources import load_profile
-    from marbled.sim.generators import long_jobs, production, together
+    from marbled.sim.generators import MULTI_MODELS, long_jobs, production, together
 
     book = book or load_profile(PROFILE)
     family = rng.choices(list(FAMILIES), list(FAMILIES.values()))[0]
@@ -97,7 +97,7 @@ def imitate(episodes: int, rounds: int, seed: int, teacher: str, processes: int,
         student = None if k == 0 else sc.export(mlp)
         t0 = time.perf_counter()
         samples, outcomes = im.collect(eps, teacher, student, 0.5 ** k, seed * 1000 + k,
-                                       PROFILE, processes)
+                                       PROFILE, COSTS, processes)
         collect_s = time.perf_counter() - t0
         before = im.agreement(student, samples) if student is not None else None
         data.append(samples)
@@ -158,20 +158,19 @@ def validate(nets: dict, episodes: int, seed: int, teacher: str, processes: int,
     apart from the training's): the geometric mean over them of its average JCT and
     makespan, each over the teacher's."""
     import math
-    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
 
     rng = random.Random(seed + 1)
     eps = [draw_workload(rng) for _ in range(episodes)]
-    jobs = [(e, name, net) for e in eps for name, net in ((teacher, None), *nets.items())]
-    with ProcessPoolExecutor(processes) as pool:
-        done = list(pool.map(_outcome, jobs, chunksize=1))
+    runs = [(k, name) for k in range(episodes) for name in (teacher, *nets)]
+    with get_context("spawn").Pool(processes) as pool:  # as `imitate.collect`'s
+        done = dict(zip(runs, pool.map(_outcome, [(eps[k], name, nets.get(name))
+                                                  for k, name in runs], chunksize=1),
+                        strict=True))
     score = {}
     for name in nets:
-        logs = []
-        for k in range(len(eps)):
-            base = done[k * (len(nets) + 1)]
-            mine = done[k * (len(nets) + 1) + 1 + list(nets).index(name)]
-            logs += [math.log(mine[0] / base[0]), math.log(mine[1] / base[1])]
+        logs = [math.log(done[k, name][i] / done[k, teacher][i])
+                for k in range(episodes) for i in (0, 1)]
         score[name] = math.exp(sum(logs) / len(logs))
         log(f"validation: {name} {score[name]:.3f} x the teacher ({episodes} episodes)")
     return score

@@ -94,8 +94,8 @@ class Network:
 
 def fifo_pick(obs: Observation, state: State, now: float) -> int:
     """FIFO order with the same packing: the first job of the window that may start, on the
-    most GPUs it may (up to its demand); else nothing (or, where nothing is refused, the
-    first allowed move). It never moves a running job: the baseline a network must beat."""
+    most GPUs it may (up to its demand); else nothing (allowed whenever no job may start).
+    It never moves a running job: the baseline a network must beat."""
     import numpy as np
 
     from marbled.core.features import COUNTS, NOTHING, RESIZE
@@ -104,7 +104,7 @@ def fifo_pick(obs: Observation, state: State, now: float) -> int:
     if len(starts):
         first = starts[0] // COUNTS
         return int(starts[starts // COUNTS == first][-1])
-    return NOTHING if obs.mask[NOTHING] else int(np.flatnonzero(obs.mask)[0])
+    return NOTHING
 
 
 def shipped_network() -> Network:
