@@ -1,14 +1,15 @@
 """The learned policy on held-out cells, against the what-if planner it learned from (issue 34).
 
     .venv/bin/python benchmarks/learned_eval.py [--seeds held-out] [--family F ...]
-        [--weights STAGE=FILE ...] [--processes 2] [--json FILE]
+        [--weights STAGE=FILE ...] [--prior-weight W] [--processes 2] [--json FILE]
 
 Every cell of `policy_matrix.py`'s families (production-shaped traces, the multi-node
 family's long jobs, job sets submitted together) on a seed set (default held-out: never
 trained or tuned on), costs 10/10, under: the what-if planner (the teacher), adaptive,
 moldable, elastic and malleable, the shipped learned policy, each `--weights` network
 (e.g. a training's `learned-bc.npz`, `learned-dagger.npz`, `learned-ppo.npz`), and FIFO
-order with the learned policy's packing (`fifo_pick`). Per policy: the cells within 5 % of
+order with the learned policy's packing (`fifo_pick`); the networks lean on their prior by
+`--prior-weight` (default the policy's). Per policy: the cells within 5 % of
 the planner on both average JCT and makespan, the median and worst ratios, and its CPU
 seconds; then per family.
 """
@@ -30,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.policy_matrix import FAMILIES, PROFILE, SEEDS, arrivals_of, family, gpus_of  # noqa: E402
 from marbled.core.policy import get_policy  # noqa: E402
-from marbled.core.policy.learned import LearnedPolicy, Network, fifo_pick  # noqa: E402
+from marbled.core.policy.learned import PRIOR_WEIGHT, LearnedPolicy, Network, fifo_pick  # noqa: E402
 from marbled.resources import load_profile  # noqa: E402
 from marbled.sim.engine import Simulator  # noqa: E402
 
@@ -40,22 +41,24 @@ COSTS = (10.0, 10.0)
 WITHIN = 1.05
 
 
-def _policy(name: str, weights: dict[str, str]):
+def _policy(name: str, weights: dict[str, str], prior_weight: float):
     if name == "fifo-packing":
         return LearnedPolicy(pick=fifo_pick)
     if name in weights:
-        return LearnedPolicy(network=Network.load(weights[name]))
+        return LearnedPolicy(network=Network.load(weights[name]), prior_weight=prior_weight)
+    if name == "learned":
+        return LearnedPolicy(prior_weight=prior_weight)
     return get_policy(name)
 
 
 def run_cell(args) -> tuple[str, dict[str, dict]]:
-    workload, names, weights = args
+    workload, names, weights, prior_weight = args
     book = load_profile(PROFILE)
     arrivals, nodes = arrivals_of(workload)
     out = {}
     for name in names:
         t0 = time.process_time()
-        r = Simulator(book, _policy(name, weights), gpus_of(workload, book), nodes,
+        r = Simulator(book, _policy(name, weights, prior_weight), gpus_of(workload, book), nodes,
                       *COSTS).run(arrivals)
         out[name] = {"jct": r.average_jct, "makespan": r.makespan,
                      "cpu_s": time.process_time() - t0}
@@ -68,6 +71,8 @@ def main() -> None:
     ap.add_argument("--family", action="append", choices=FAMILIES)
     ap.add_argument("--weights", action="append", default=[], metavar="STAGE=FILE",
                     help="a network to judge beside the shipped one (repeatable)")
+    ap.add_argument("--prior-weight", type=float, default=PRIOR_WEIGHT,
+                    help=f"the networks' lean on their prior (default {PRIOR_WEIGHT:g})")
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -80,7 +85,8 @@ def main() -> None:
     names = [TEACHER, *OTHERS, "learned", *weights, "fifo-packing"]
     cells = [w for f in (args.family or FAMILIES) for w in family(f, args.seeds)]
     with ProcessPoolExecutor(args.processes) as pool:
-        results = dict(pool.map(run_cell, [(w, names, weights) for w in cells]))
+        results = dict(pool.map(run_cell, [(w, names, weights, args.prior_weight)
+                                           for w in cells]))
     print(f"{len(cells)} cells ({args.seeds} seeds), costs 10/10; ratios to {TEACHER}'s")
     print(f"{'policy':14}{'within 5 %':>11}{'JCT med':>9}{'worst':>7}{'span med':>9}"
           f"{'worst':>7}{'CPU s':>8}")

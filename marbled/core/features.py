@@ -23,7 +23,7 @@ The actions (`ACTIONS` = 209), each a row of the observation:
   node is idle (unless a move is under way: its plan is being carried out), or nothing
   holds GPUs: the policy never leaves a node idle that a job could use.
 
-The vector (`DIM` = 10 + 209 x 16): first `GLOBAL` entries of the whole state (the share
+The vector (`DIM` = 10 + 209 x 17): first `GLOBAL` entries of the whole state (the share
 of GPUs free, the nodes / 8, the ready jobs n / (n + 10), their mean wait, run time and
 demand over the GPUs (the first 32), the running jobs over the GPUs, their mean time left,
 the share of GPUs held below a job's demand, the largest free block / 8), then one row of
@@ -33,13 +33,16 @@ time to the end on the count (with a move's cost); that time's change against it
 (a start) or its current count (a move); its wait; its place in the window (a start) or
 its current count / 8 (a move); later jobs that went before it / the bound (a start) or
 "to another node" (a move); the free GPUs of the node before and after (a move's own
-GPUs counted free on its node); its demand / 8; rigid. A network scores each row alike
-(one small MLP over the global entries and the row), so what it learns of one slot holds
-for every slot.
+GPUs counted free on its node); its demand / 8; rigid; and whether the prior policy's
+decision on the same state makes this move (`PRIOR`; "nothing" is marked where it makes
+none of these moves; see `core/policy/learned.py`). A network scores each row alike (one
+small MLP over the global entries and the row), so what it learns of one slot holds for
+every slot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
@@ -57,7 +60,8 @@ RESIZE = WINDOW * COUNTS  # the first move action
 NOTHING = RESIZE + RUNNING * (COUNTS + 1)  # "no more action now"
 ACTIONS = NOTHING + 1
 GLOBAL = 10
-ROW = 16
+ROW = 17
+PRIOR = ROW - 1  # a row's last entry: the prior policy's decision makes this move
 DIM = GLOBAL + ACTIONS * ROW
 BEHIND = 32  # ready jobs the global statistics read, at most
 HOUR = 3600.0
@@ -137,10 +141,13 @@ class Observation:
         return i if 0 <= i < NOTHING and self.mask[i] else None
 
 
-def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Observation:
+def observe(state: State, now: float, bound: float, guard: float = 0.0,
+            prior: Sequence[Action] = ()) -> Observation:
     """The agent's view of `state` at `now`. `bound`: a job lets at most that many later
     jobs start before it; once it has, only it may start (FIFO from there on). `guard`: a
-    run may be moved once it has lasted that many times what a move costs it."""
+    run may be moved once it has lasted that many times what a move costs it. `prior`: the
+    prior policy's actions on the same state; the rows that make one are marked (`PRIOR`),
+    "nothing" where none is a move of this view."""
     free = {n: state.free(n) for n in state.nodes}
     total = sum(n.size for n in state.nodes.values()) or 1
     vec = np.zeros(DIM, dtype=np.float32)
@@ -164,10 +171,11 @@ def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Obser
             a = i * COUNTS + c - 1
             run = run_time(job, c)
             mask[a] = True
-            rows[a] = (1.0, 1.0, 0.0, 0.0, c / COUNTS, float(c == job.demand), speeds[c - 1],
-                       _time(run), _time(run) - _time(best), wait, i / WINDOW, passed,
-                       len(free[node]) / COUNTS, (len(free[node]) - c) / COUNTS,
-                       min(job.demand / COUNTS, 1.0), float(not job.malleable))
+            rows[a, :PRIOR] = (1.0, 1.0, 0.0, 0.0, c / COUNTS, float(c == job.demand),
+                               speeds[c - 1], _time(run), _time(run) - _time(best), wait,
+                               i / WINDOW, passed, len(free[node]) / COUNTS,
+                               (len(free[node]) - c) / COUNTS, min(job.demand / COUNTS, 1.0),
+                               float(not job.malleable))
             moves[a] = Start(job.id, node, tuple(free[node][:c]), role_for(job, c))
 
     engaged = state.engaged()
@@ -188,10 +196,11 @@ def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Obser
                                            if left is not None else None)
             room = len(free[to]) + (held if to == node else 0)  # its own GPUs included
             mask[a] = True
-            rows[a] = (1.0, 0.0, 1.0, 0.0, c / COUNTS, float(c == job.demand),
-                       speeds[c - 1] if c else 0.0, end, end - now_end, _wait(job, now),
-                       held / COUNTS, float(to != node), len(free[to]) / COUNTS,
-                       (room - c) / COUNTS, min(job.demand / COUNTS, 1.0), 0.0)
+            rows[a, :PRIOR] = (1.0, 0.0, 1.0, 0.0, c / COUNTS, float(c == job.demand),
+                               speeds[c - 1] if c else 0.0, end, end - now_end,
+                               _wait(job, now), held / COUNTS, float(to != node),
+                               len(free[to]) / COUNTS, (room - c) / COUNTS,
+                               min(job.demand / COUNTS, 1.0), 0.0)
             if c == 0:
                 moves[a] = Suspend(job.id, None, "learned: back to the queue")
                 continue
@@ -232,7 +241,10 @@ def observe(state: State, now: float, bound: float, guard: float = 0.0) -> Obser
                      for j in running) / len(running)
     vec[8] = below / held if held else 0.0
     vec[9] = min(max((len(g) for g in free.values()), default=0) / COUNTS, 1.0)
-    return Observation(vec, mask, jobs, tuple(movable), moves)
+    obs = Observation(vec, mask, jobs, tuple(movable), moves)
+    marked = [i for a in prior if (i := obs.index(a)) is not None] or [NOTHING]
+    rows[marked, PRIOR] = mask[marked]
+    return obs
 
 
 def _movable(job: Job, now: float, guard: float) -> bool:

@@ -28,7 +28,7 @@ from marbled.core.features import ACTIONS, GLOBAL, NOTHING, ROW, Observation
 from marbled.core.model import Action, Cancel, Start, State
 from marbled.core.policy import get_policy
 from marbled.core.policy.base import Policy
-from marbled.core.policy.learned import LearnedPolicy, Network, fifo_pick
+from marbled.core.policy.learned import PRIOR_WEIGHT, LearnedPolicy, Network, fifo_pick
 from marbled.sim.engine import Simulator
 
 # (name, arrivals, nodes, GPUs per node) of one episode, drawn from a seed
@@ -132,12 +132,14 @@ class Samples:
 
 
 def run_episode(episode: Episode, teacher: str, student: Network | None, beta: float,
-                seed: int, book, costs: tuple[float, float]) -> tuple[Samples, dict]:
-    """One episode under the mixture, with `costs` (launch, suspend seconds); its labelled
-    decisions and its outcome."""
+                seed: int, book, costs: tuple[float, float],
+                prior_weight: float = PRIOR_WEIGHT) -> tuple[Samples, dict]:
+    """One episode under the mixture, with `costs` (launch, suspend seconds), the student
+    leaning on the prior by `prior_weight`; its labelled decisions and its outcome."""
     name, arrivals, nodes, gpus = episode
     expert = Teacher(get_policy(teacher))
-    scorer = LearnedPolicy(network=student) if student is not None else None
+    scorer = (LearnedPolicy(network=student, prior_weight=prior_weight)
+              if student is not None else None)
     rng = random.Random(seed)
     decisions: list[tuple[Observation, list[int]]] = []
     unlabelled = 0
@@ -167,15 +169,17 @@ def run_episode(episode: Episode, teacher: str, student: Network | None, beta: f
 def _one(args) -> tuple[Samples, dict]:
     from marbled.resources import load_profile
 
-    episode, teacher, student, beta, seed, profile, costs = args
-    return run_episode(episode, teacher, student, beta, seed, load_profile(profile), costs)
+    episode, teacher, student, beta, seed, profile, costs, prior_weight = args
+    return run_episode(episode, teacher, student, beta, seed, load_profile(profile), costs,
+                       prior_weight)
 
 
 def collect(episodes: Sequence[Episode], teacher: str, student: Network | None, beta: float,
             seed: int, profile: str, costs: tuple[float, float],
-            processes: int = 1) -> tuple[Samples, list[dict]]:
+            processes: int = 1, prior_weight: float = PRIOR_WEIGHT
+            ) -> tuple[Samples, list[dict]]:
     """Every episode under the mixture, in `processes` processes; the labels and outcomes."""
-    jobs = [(e, teacher, student, beta, seed * 100_003 + k, profile, costs)
+    jobs = [(e, teacher, student, beta, seed * 100_003 + k, profile, costs, prior_weight)
             for k, e in enumerate(episodes)]
     if processes > 1:
         with get_context("spawn").Pool(processes) as pool:

@@ -1,7 +1,8 @@
 """Train the learned policy: imitate the what-if planner, DAgger, MaskablePPO; export for numpy.
 
     .venv/bin/python -m marbled.sim.train [--episodes 160] [--dagger 3] [--ppo-steps 30000]
-        [--teacher whatif] [--validate 24] [--ship best] [--seed 0] [--processes 2] [--out DIR]
+        [--teacher whatif] [--validate 24] [--ship best] [--prior-weight 3] [--seed 0]
+        [--processes 2] [--out DIR]
 
 Needs the `rl` extra (gymnasium, stable-baselines3, sb3-contrib, torch). Three stages,
 each of whose networks is written (`learned-bc.npz`, `learned-dagger.npz`,
@@ -18,6 +19,10 @@ each of whose networks is written (`learned-bc.npz`, `learned-dagger.npz`,
    MaskablePPO (a critic beside it), fine-tuned on SCHED²'s effectiveness reward in
    `marbled.sim.env`. MaskablePPO rather than DQN: at most decisions most actions are
    invalid, and it puts the mask into its distribution.
+
+The prior (`core/policy/learned.py`, elastic) marks its moves in the rows of every
+observation; the DAgger students and the validation pick with `--prior-weight` added to
+those moves' logits, as the policy does; MaskablePPO fine-tunes the network alone.
 
 `learned.npz` is the stage `--ship` names, by default the best on `--validate` episodes of
 their own (the geometric mean of its average JCT and makespan over the teacher's);
@@ -42,6 +47,8 @@ import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
+
+from marbled.core.policy.learned import PRIOR, PRIOR_WEIGHT
 
 PROFILE = "summit-v100"
 FAMILIES = {"production": 0.5, "long": 0.3, "together": 0.2}  # the episodes' mix
@@ -80,7 +87,7 @@ def draw_workload(rng: random.Random, book=None) -> tuple[str, list, int, int]:
 
 
 def imitate(episodes: int, rounds: int, seed: int, teacher: str, processes: int,
-            log=print):
+            prior_weight: float, log=print):
     """Behaviour cloning, then `rounds` of DAgger: the torch scorer after each, with the
     figures of each stage."""
     import torch
@@ -97,7 +104,7 @@ def imitate(episodes: int, rounds: int, seed: int, teacher: str, processes: int,
         student = None if k == 0 else sc.export(mlp)
         t0 = time.perf_counter()
         samples, outcomes = im.collect(eps, teacher, student, 0.5 ** k, seed * 1000 + k,
-                                       PROFILE, COSTS, processes)
+                                       PROFILE, COSTS, processes, prior_weight)
         collect_s = time.perf_counter() - t0
         before = im.agreement(student, samples) if student is not None else None
         data.append(samples)
@@ -153,7 +160,7 @@ def fine_tune(mlp, steps: int, seed: int, log=print):
 
 
 def validate(nets: dict, episodes: int, seed: int, teacher: str, processes: int,
-             log=print) -> dict[str, float]:
+             prior_weight: float, log=print) -> dict[str, float]:
     """Each stage's network on `episodes` episodes of their own (drawn from `seed` + 1, so
     apart from the training's): the geometric mean over them of its average JCT and
     makespan, each over the teacher's."""
@@ -164,7 +171,7 @@ def validate(nets: dict, episodes: int, seed: int, teacher: str, processes: int,
     eps = [draw_workload(rng) for _ in range(episodes)]
     runs = [(k, name) for k in range(episodes) for name in (teacher, *nets)]
     with get_context("spawn").Pool(processes) as pool:  # as `imitate.collect`'s
-        done = dict(zip(runs, pool.map(_outcome, [(eps[k], name, nets.get(name))
+        done = dict(zip(runs, pool.map(_outcome, [(eps[k], name, nets.get(name), prior_weight)
                                                   for k, name in runs], chunksize=1),
                         strict=True))
     score = {}
@@ -182,8 +189,9 @@ def _outcome(job) -> tuple[float, float]:
     from marbled.resources import load_profile
     from marbled.sim.engine import Simulator
 
-    (_, arrivals, nodes, gpus), name, net = job
-    policy = get_policy(name) if net is None else LearnedPolicy(network=net)
+    (_, arrivals, nodes, gpus), name, net, prior_weight = job
+    policy = (get_policy(name) if net is None
+              else LearnedPolicy(network=net, prior_weight=prior_weight))
     r = Simulator(load_profile(PROFILE), policy, gpus, nodes, *COSTS).run(arrivals)
     return r.average_jct, r.makespan
 
@@ -200,6 +208,9 @@ def main() -> None:
                          "to the teacher on the validation episodes)")
     ap.add_argument("--validate", type=int, default=24,
                     help="validation episodes, apart from the training's (default 24)")
+    ap.add_argument("--prior-weight", type=float, default=PRIOR_WEIGHT,
+                    help="how far the DAgger students and the validation lean on the prior's "
+                         f"moves (default {PRIOR_WEIGHT:g}, the policy's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--processes", type=int, default=2, help="simulations side by side")
     ap.add_argument("--out", type=Path, default=OUT, help="directory for learned.npz/.json")
@@ -207,8 +218,8 @@ def main() -> None:
     for name, value in (("--episodes", args.episodes), ("--processes", args.processes)):
         if value < 1:
             sys.exit(f"{name} must be at least 1")
-    if args.dagger < 0 or args.ppo_steps < 0 or args.validate < 0:
-        sys.exit("--dagger, --ppo-steps and --validate must be 0 or more")
+    if args.dagger < 0 or args.ppo_steps < 0 or args.validate < 0 or args.prior_weight < 0:
+        sys.exit("--dagger, --ppo-steps, --validate and --prior-weight must be 0 or more")
     if args.ship == "best" and not args.validate:
         sys.exit("--ship best needs --validate above 0")
     if args.ship == "ppo" and not args.ppo_steps:
@@ -220,12 +231,12 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     bc, dagger, mlp, rounds = imitate(args.episodes, args.dagger, args.seed, args.teacher,
-                                      args.processes)
+                                      args.processes, args.prior_weight)
     nets = {"bc": bc, "dagger": dagger}
     if args.ppo_steps:
         nets["ppo"] = export(fine_tune(mlp, args.ppo_steps, args.seed))
-    scores = validate(nets, args.validate, args.seed, args.teacher, args.processes) \
-        if args.validate else {}
+    scores = validate(nets, args.validate, args.seed, args.teacher, args.processes,
+                      args.prior_weight) if args.validate else {}
     ship = min(scores, key=scores.get) if args.ship == "best" else args.ship
     wall = time.perf_counter() - t0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -234,7 +245,9 @@ def main() -> None:
     nets[ship].save(args.out / "learned.npz")
     record = {
         "algorithm": "behaviour cloning and DAgger from the what-if planner, then MaskablePPO "
-                     "(sb3-contrib); one scorer MLP over each move's row",
+                     "(sb3-contrib); one scorer MLP over each move's row, the prior's moves "
+                     "marked in their rows",
+        "prior": PRIOR, "prior_weight": args.prior_weight,
         "shipped_stage": ship, "teacher": args.teacher,
         "validation": {"episodes": args.validate, "seeds": "drawn from --seed + 1",
                        "score": "geometric mean of avg JCT and makespan over the teacher's",
@@ -254,7 +267,8 @@ def main() -> None:
                                              "torch", "numpy")},
         "command": (f"python -m marbled.sim.train --episodes {args.episodes} --dagger "
                     f"{args.dagger} --ppo-steps {args.ppo_steps} --teacher {args.teacher} "
-                    f"--ship {args.ship} --validate {args.validate} --seed {args.seed}"),
+                    f"--ship {args.ship} --validate {args.validate} --prior-weight "
+                    f"{args.prior_weight:g} --seed {args.seed}"),
     }
     (args.out / "learned.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"trained in {wall:.0f} s; wrote {args.out / 'learned.npz'} (stage {ship})")

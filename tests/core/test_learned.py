@@ -19,6 +19,7 @@ from marbled.core.features import (
     DIM,
     GLOBAL,
     NOTHING,
+    PRIOR,
     RESIZE,
     ROW,
     WINDOW,
@@ -74,6 +75,51 @@ def test_observation_shape_range_and_mask():
     assert not rows[~obs.mask].any()
     assert obs.moves[COUNTS + 3] == Start(2, "n0", (0, 1, 2, 3), Role.PRIMARY)
     assert obs.moves[COUNTS] == Start(2, "n0", (0,), Role.SECONDARY)
+
+
+def test_the_priors_moves_are_marked_in_their_rows():
+    """The prior's decision (elastic's: a resizable job starts on its fewest GPUs) marks
+    the rows of the moves that make it, and only those; a decision of no move of the view
+    marks "nothing" where it is allowed. The learned policy marks its prior's."""
+    state = _nodes(2)
+    curve = dataclasses.replace(BOOK.lookup("resnet-50"), startup_s=10.0, suspend_s=10.0)
+    state.submit(Job(1, 4, True, curve=curve, steps_left=1000.0, submitted=0.0))
+    state.submit(Job(2, 2, False, submitted=0.0))
+    prior = get_policy("elastic").choose(state, 0.0)
+    assert [len(a.gpus) for a in prior] == [1, 2]
+    obs = observe(state, 0.0, 10, prior=prior)
+    marked = np.flatnonzero(obs.vector[GLOBAL:].reshape(ACTIONS, ROW)[:, PRIOR]).tolist()
+    assert marked == [0, COUNTS + 1] == [obs.index(a) for a in prior]
+    assert np.array_equal(LearnedPolicy(pick=fifo_pick).observe(state, 0.0).vector, obs.vector)
+    state.apply(obs.moves[0])
+    state.apply(obs.moves[COUNTS + 1])
+    state.expect(1, 9000.0)
+    # a move the view lacks (elastic grows job 1 after 300 s; a guard of 1000 x 20 s bars it)
+    grow = get_policy("elastic").choose(state, 400.0)
+    assert grow and obs.index(grow[0]) is None
+    obs = observe(state, 400.0, 10, guard=1000.0, prior=grow)
+    rows = obs.vector[GLOBAL:].reshape(ACTIONS, ROW)
+    assert obs.mask[NOTHING] and np.flatnonzero(rows[:, PRIOR]).tolist() == [NOTHING]
+    assert np.flatnonzero(observe(state, 400.0, 10, prior=grow).vector[GLOBAL:].reshape(
+        ACTIONS, ROW)[:, PRIOR]).tolist() == [observe(state, 400.0, 10).index(grow[0])]
+
+
+def test_the_prior_weight_leans_the_pick_to_the_priors_move():
+    """A network that scores every move alike picks the first allowed (a stop); with a
+    prior weight it picks elastic's (a doubling of the stable run), and the policy wakes
+    when elastic would grow a run."""
+    state = _nodes(1)
+    curve = dataclasses.replace(BOOK.lookup("resnet-50"), startup_s=10.0, suspend_s=10.0)
+    state.submit(Job(1, 4, True, curve=curve, steps_left=1e6, submitted=0.0))
+    state.apply(Start(1, "n0", (0,), Role.SECONDARY), 0.0)
+    state.expect(1, 90_000.0)
+    flat = Network((np.zeros((GLOBAL + ROW, 1)),), (np.zeros(1),))
+    assert LearnedPolicy(network=flat, prior_weight=0.0).next_decision(state, 0.0) == 300.0
+    [stop] = LearnedPolicy(network=flat, prior_weight=0.0).choose(state, 400.0)
+    assert stop == Suspend(1, None, "learned: back to the queue")
+    [grow] = LearnedPolicy(network=flat, prior_weight=0.5).choose(state, 400.0)
+    assert grow.resume_on == Placement("n0", (0, 1)) == get_policy("elastic").choose(
+        state, 400.0)[0].resume_on
 
 
 def test_packing_takes_the_fullest_node_that_fits():
