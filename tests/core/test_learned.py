@@ -234,9 +234,12 @@ def test_explain_names_the_jobs_best_move_and_the_pick():
     state.apply(Start(1, "n0", (0, 1), Role.PRIMARY))
     state.expect(1, 500.0)
     line = policy.explain(state.jobs[3], state, 10.0)
+    p = r"\(0\.\d{3}(, elastic's move)?\)"  # its probability; whether the prior makes it
     assert re.fullmatch(r"is in the learned policy's window \(position 2\); its best move: "
-                        r"start job 3 on [12] GPUs? \(0\.\d{3}\); the pick: .+ \(0\.\d{3}\)"
-                        r"(, runner-up: .+ \(0\.\d{3}\))?", line), line
+                        rf"start job 3 on [12] GPUs? {p}; the pick: .+ {p}"
+                        rf"(, runner-up: .+ {p})?", line), line
+    # elastic starts job 2 on its fewest GPU, job 3 next: the job's own move is the prior's
+    assert "its best move: start job 3 on 1 GPU (0." in line and "elastic's move)" in line
     state.apply(Start(2, "n0", (2, 3), Role.PRIMARY))
     full = policy.explain(state.jobs[3], state, 10.0)
     assert full == "needs 1 GPU on one node; the most free on a node is 0"

@@ -221,13 +221,19 @@ class LearnedPolicy(Policy):
             return (f"needs {gpus_text(job.fewest)} on one node; the most free on a node "
                     f"is {most}")
         p = self.scores(obs)
+        f = self._features
+        prior = obs.vector[f.GLOBAL:].reshape(f.ACTIONS, f.ROW)[:, f.PRIOR]
+
+        def said(a: int) -> str:  # the move, its probability, and whether the prior makes it
+            return (f"{self._move(obs, a)} ({p[a]:.3f}"
+                    + (f", {self.prior.name}'s move)" if prior[a] else ")"))
+
         mine = max(own, key=lambda a: p[a])
         ranked = [int(a) for a in p.argsort()[::-1] if p[a] > 0]
         line = (f"is in the learned policy's window (position {i + 1}); its best move: "
-                f"{self._move(obs, mine)} ({p[mine]:.3f}); the pick: "
-                f"{self._move(obs, ranked[0])} ({p[ranked[0]]:.3f})")
+                f"{said(mine)}; the pick: {said(ranked[0])}")
         if ranked[0] == mine and len(ranked) > 1:  # its move is the pick: the runner-up
-            line += f", runner-up: {self._move(obs, ranked[1])} ({p[ranked[1]]:.3f})"
+            line += f", runner-up: {said(ranked[1])}"
         return line
 
     def _move(self, obs: Observation, action: int) -> str:
