@@ -118,6 +118,11 @@ class Observation:
     running: tuple[Job, ...]  # the movable running jobs, in their slots
     moves: dict[int, Action]  # what each allowed action does (NOTHING: absent)
 
+    @property
+    def rows(self) -> np.ndarray:
+        """The action rows of the vector, (ACTIONS, ROW): a view, not a copy."""
+        return self.vector[GLOBAL:].reshape(ACTIONS, ROW)
+
     def index(self, action: Action) -> int | None:
         """The action of this observation that does what `action` (another policy's) does:
         the same job started on as many GPUs, or moved to as many (on another node too);

@@ -24,7 +24,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from marbled.core.features import ACTIONS, GLOBAL, NOTHING, ROW, Observation
+from marbled.core.features import GLOBAL, NOTHING, ROW, Observation
 from marbled.core.model import Action, Cancel, Start, State
 from marbled.core.policy import get_policy
 from marbled.core.policy.base import Policy
@@ -109,7 +109,7 @@ class Samples:
         for obs, labels in decisions:
             allowed = np.flatnonzero(obs.mask)
             g.append(obs.vector[:GLOBAL])
-            rows.append(obs.vector[GLOBAL:].reshape(ACTIONS, ROW)[allowed])
+            rows.append(obs.rows[allowed])
             target.append(np.isin(allowed, labels))
             offsets.append(offsets[-1] + len(allowed))
         return cls(np.array(g, np.float32).reshape(-1, GLOBAL), cat(rows, np.float32, ROW),

@@ -183,11 +183,8 @@ class LearnedPolicy(Policy):
         gives them."""
         import numpy as np
 
-        features = self._features
-        x = obs.vector.astype(np.float64)
-        logits = self.network.logits(x, obs.mask)
-        logits += self.prior_weight * x[features.GLOBAL:].reshape(
-            features.ACTIONS, features.ROW)[:, features.PRIOR]
+        logits = self.network.logits(obs.vector.astype(np.float64), obs.mask)
+        logits += self.prior_weight * obs.rows[:, self._features.PRIOR]
         p = np.exp(logits - logits.max())
         return p / p.sum()
 
@@ -221,8 +218,7 @@ class LearnedPolicy(Policy):
             return (f"needs {gpus_text(job.fewest)} on one node; the most free on a node "
                     f"is {most}")
         p = self.scores(obs)
-        f = self._features
-        prior = obs.vector[f.GLOBAL:].reshape(f.ACTIONS, f.ROW)[:, f.PRIOR]
+        prior = obs.rows[:, self._features.PRIOR]
 
         def said(a: int) -> str:  # the move, its probability, and whether the prior makes it
             return (f"{self._move(obs, a)} ({p[a]:.3f}"
