@@ -107,7 +107,7 @@ def test_the_priors_moves_are_marked_in_their_rows():
 def test_the_prior_weight_leans_the_pick_to_the_priors_move():
     """A network that scores every move alike picks the first allowed (a stop); with a
     prior weight it picks elastic's (a doubling of the stable run), and the policy wakes
-    when elastic would grow a run."""
+    when elastic would grow a run, after the prior's --grow-after."""
     state = _nodes(1)
     curve = dataclasses.replace(BOOK.lookup("resnet-50"), startup_s=10.0, suspend_s=10.0)
     state.submit(Job(1, 4, True, curve=curve, steps_left=1e6, submitted=0.0))
@@ -120,6 +120,13 @@ def test_the_prior_weight_leans_the_pick_to_the_priors_move():
     [grow] = LearnedPolicy(network=flat, prior_weight=0.5).choose(state, 400.0)
     assert grow.resume_on == Placement("n0", (0, 1)) == get_policy("elastic").choose(
         state, 400.0)[0].resume_on
+    # --grow-after is the prior's: it grows, and the policy wakes, that much sooner
+    # (the move guard of 10 moves costs 200 s: none before then without --move-guard 0)
+    sooner = LearnedPolicy(network=flat, prior_weight=0.5, grow_after=60.0, move_guard=0.0)
+    assert sooner.next_decision(state, 0.0) == 60.0
+    assert sooner.choose(state, 100.0)[0].resume_on == Placement("n0", (0, 1))
+    assert LearnedPolicy(network=flat, prior_weight=0.5, move_guard=0.0).choose(
+        state, 100.0) == []  # elastic makes no move yet: nothing
 
 
 def test_packing_takes_the_fullest_node_that_fits():

@@ -35,13 +35,16 @@ def test_learned_policy_runs_a_job_set_and_explains_a_wait(daemon_factory):
 
 def test_learned_policy_moves_jobs_on_two_nodes_and_each_trains_to_its_last_step_once(
         daemon_factory):
-    """Two emulated nodes of 4 GPUs, no move guard (the network may move a run as soon as it
-    trains), resizable emulated jobs beside plain commands on their own counts: every job
-    ends done; a resizable one at its last step, each of its runs resuming from the step
-    its previous one checkpointed (none trained twice, none skipped); the plain commands
-    run once each, never moved (they speak no checkpoint protocol)."""
+    """Two emulated nodes of 4 GPUs, no move guard, resizable emulated jobs beside plain
+    commands on their own counts. The shipped network alone makes no move in a run this
+    short (its prior, elastic, doubles a run after 300 s), so the prior leans hard
+    (`--prior-weight 20`) and doubles a run after 1 s (`--grow-after 1`): the policy's moves
+    are made, and the test checks that some were. Every job ends done; a resizable one at
+    its last step, each of its runs resuming from the step its previous one checkpointed
+    (none trained twice, none skipped); the plain commands run once each, never moved
+    (they speak no checkpoint protocol)."""
     daemon = daemon_factory("--policy", "learned", "--nodes", "2", "--move-guard", "0",
-                            "--no-learn", gpus=4)
+                            "--prior-weight", "20", "--grow-after", "1", "--no-learn", gpus=4)
     emulated = [{"model": m, "steps": s, "emulate": True}
                 for m, s in (("resnet-50", 3000), ("vgg-16", 2000), ("alexnet", 4000),
                              ("resnet-50", 1500), ("inception-v3", 2500))]
@@ -58,6 +61,11 @@ def test_learned_policy_moves_jobs_on_two_nodes_and_each_trains_to_its_last_step
         assert runs[0]["start_step"] in (None, 0)
         for before, after in zip(runs, runs[1:], strict=False):
             assert after["start_step"] == before["end_step"], runs
+    moved = [j for j in emulated_ids if len(by_job[j]) > 1]
+    assert moved, "no job was moved: the test checked no resume"
+    grown = [r for j in moved for a, r in zip(by_job[j], by_job[j][1:], strict=False)
+             if r["gpu_count"] > a["gpu_count"]]
+    assert grown, {j: by_job[j] for j in moved}
     for job_id in (jobs[3]["id"], jobs[4]["id"]):
         assert len(by_job[job_id]) == 1
     check_no_gpu_shared(daemon.runs())

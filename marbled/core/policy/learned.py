@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from marbled.core.model import Job, Start, State
 from marbled.core.policy.base import Option, Policy, fifo_candidates
+from marbled.core.policy.elastic import STABLE_S
 from marbled.core.target import gpus_text
 
 if TYPE_CHECKING:
@@ -148,7 +149,10 @@ class LearnedPolicy(Policy):
                       "lasted this many times what a move costs it (checkpoint and relaunch)"),
                Option("prior_weight", PRIOR_WEIGHT,
                       f"how far the network leans to the move {PRIOR} would make (added to "
-                      "that move's logit; 0: the network alone)"))
+                      "that move's logit; 0: the network alone)"),
+               # elastic's own option: the prior decides with it (trained with its default)
+               Option("grow_after", STABLE_S,
+                      "seconds a run lasts before its GPUs may double"))
 
     def __init__(self, *, network: Network | None = None,
                  pick: Callable[[Observation, State, float], int] | None = None,
@@ -163,7 +167,7 @@ class LearnedPolicy(Policy):
 
         self._features = features
         self._pick, self._wake = pick, wake
-        self.prior = get_policy(PRIOR)
+        self.prior = get_policy(PRIOR, grow_after=self.grow_after)
         # read at once: a missing or broken file stops `marbled` at its start
         self.network = network or (None if pick else shipped_network())
 
