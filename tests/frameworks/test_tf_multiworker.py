@@ -16,8 +16,11 @@ pytestmark = [
                        reason="TensorFlow is not installed (make test installs it)"),
 ]
 
+# A rank leaves only once every rank has its result: TensorFlow's collectives pull a peer's
+# tensor from it, so a rank that exits as soon as it has its own sum can leave the other
+# without its last pull (an UnavailableError in a loaded CI run).
 WORKER = '''
-import json, os
+import json, os, time
 import tensorflow as tf
 strategy = tf.distribute.MultiWorkerMirroredStrategy()   # reads TF_CONFIG
 @tf.function
@@ -27,6 +30,11 @@ def step():
 total = strategy.experimental_local_results(strategy.run(step))[0]
 with open(f"tf-{os.environ['RANK']}.json", "w") as f:
     json.dump({"sum": float(total), "replicas": strategy.num_replicas_in_sync}, f)
+deadline = time.monotonic() + 120
+while not all(os.path.exists(f"tf-{r}.json") for r in range(int(os.environ["WORLD_SIZE"]))):
+    if time.monotonic() > deadline:
+        os._exit(3)
+    time.sleep(0.05)
 os._exit(0)
 '''
 

@@ -35,7 +35,12 @@ def test_profiler_recovers_the_emulated_curve_within_3_percent(tmp_path):
     for g, v in measured.items():
         assert v == pytest.approx(truth.throughput(g), rel=0.03), (g, v)
     learned = load_profile(str(tmp_path / "p.yaml")).lookup("inception-v3")
-    assert learned.optimal_gpus() == truth.optimal_gpus() == 4
+    # Its curve is flat past 3 GPUs (4 and 6 are 1.2 % apart): two figures each within 3 %
+    # may swap the optimum, so what is checked is that the one found trains within 3 % of
+    # the best (a loaded CI run measured 6 GPUs once).
+    assert truth.optimal_gpus() == 4
+    best = truth.throughput(4)
+    assert truth.throughput(learned.optimal_gpus()) == pytest.approx(best, rel=0.03)
     assert learned.startup_s > 0 and learned.suspend_s > 0  # measured, in profiled seconds
     assert all(c["suspend_s"] is not None for c in result["counts"])  # every run acknowledged
     assert result["resume_s"] > 0

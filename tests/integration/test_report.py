@@ -208,7 +208,13 @@ def test_throughput_is_what_the_runs_measured_against_the_profile(db, reports):
         assert row["profile"] == book.lookup(s["model"]).throughput(s["gpus"])
         # the emulated job trains at its profile's speed: what the runs measured agrees
         assert row["ratio"] == pytest.approx(row["measured"] / row["profile"], abs=1e-3)
-        assert 0.85 < row["ratio"] < 1.15, row
+        # A window of a loaded machine can be slow (an emulated step is a few ms of sleep
+        # and work: a CI run measured 0.755 for a row of one sample); a wrong time scale
+        # or unit would be 100x off.
+        assert 0.5 < row["ratio"] < 1.5, row
+    # Taken together, the runs train at the profile's speed.
+    ratios = sorted(r["ratio"] for r in measured.values())
+    assert 0.85 < ratios[len(ratios) // 2] < 1.15, ratios
     assert "summit-v100" in doc["profile"]
 
 
