@@ -115,6 +115,12 @@ class SimProc:
             if self.truth.protocol:
                 self.asked = True  # answered when the test lets it (answer())
             # a plain command in an orphaned process group: the default SIGTSTP is discarded
+        elif sig == signal.SIGTERM and self.truth.kind == "plain_stubborn":
+            # It ignores SIGTERM (`trap '' TERM`): it finishes its work and exits 0, as a
+            # command whose exit races the signal does.
+            self._start()
+            self.pos = self.truth.steps
+            self.complete()
         elif sig in (signal.SIGTERM, signal.SIGKILL):
             self._forced(name)
         return True

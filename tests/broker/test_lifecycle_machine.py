@@ -69,6 +69,9 @@ KINDS = {
     "auto": ({"command": ["train"]}, True),
     "fixed": ({"command": ["train"], "model": "resnet-50"}, True),  # gpus: 1 or 2
     "plain": ({"command": ["sh", "-c", "work && echo done >> out"]}, False),  # gpus: 1 or 2
+    # a plain command that ignores SIGTERM: stopped, it completes (exit 0)
+    "plain_stubborn": ({"command": ["sh", "-c", "trap '' TERM; work && echo done >> out"]},
+                       False),
     "per_gpu": ({"command": ["python", "train.py"], "model": "lenet", "per_gpu": True}, True),
     "torchrun": ({"command": ["torchrun", "--nproc-per-node=$MARBLE_GPUS", "train.py"],
                   "model": "resnet-50"}, True),
@@ -350,7 +353,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         doc = {**spec, "retries": retries}
         if kind == "auto":
             doc["model"] = model
-        if kind in ("fixed", "plain"):
+        if kind in ("fixed", "plain", "plain_stubborn"):
             doc["gpus"] = gpus
         if protocol:
             doc["steps"] = steps

@@ -24,6 +24,12 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
     ({"code": 3}, JobState.FAILED, "exited with code 3", None),
     ({"code": -11}, JobState.FAILED, "exited with signal SIGSEGV", None),
     ({"code": -9, "cancelled": True}, JobState.CANCELLED, "cancelled by the user", None),
+    # it completed as the cancel came: done (the jobs after it may run) ...
+    ({"code": 0, "cancelled": True, "target_steps": None}, JobState.DONE,
+     "done as it was cancelled (exit 0)", None),
+    # ... unless it exited 0 with steps left by its own reports
+    ({"code": 0, "cancelled": True, "progress_step": 400}, JobState.CANCELLED,
+     "cancelled by the user", 400),
     # asked to suspend
     ({"suspending": True, "ack": ACK}, JobState.SUSPENDED, "promote", 120),
     ({"suspending": True, "ack": {"step": 1000}}, JobState.DONE, "done", 1000),
@@ -32,6 +38,15 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
     ({"suspending": True, "code": -15, "escalated": True, "progress_step": 90},
      JobState.SUSPENDED, "promote: stopped without a checkpoint (last reported step 90)", None),
     ({"suspending": True, "code": 2}, JobState.FAILED, "exited with 2 while suspending", None),
+    # stopped by force (a shutdown's SIGTERM), it exited 0: it completed (its exit raced the
+    # stop), and is not run again ...
+    ({"suspending": True, "code": 0, "escalated": True, "target_steps": None,
+      "reason": "shutdown"}, JobState.DONE, "done as it was stopped (exit 0)", None),
+    ({"suspending": True, "code": 0, "escalated": True, "progress_step": 1000},
+     JobState.DONE, "done as it was stopped (exit 0)", 1000),
+    # ... unless its own reports say it has steps left: a graceful stop, resumed
+    ({"suspending": True, "code": 0, "escalated": True, "progress_step": 400},
+     JobState.SUSPENDED, "promote: stopped without a checkpoint (last reported step 400)", None),
     # adopted after a broker restart: no exit code
     ({"code": None, "progress_step": 1000}, JobState.DONE, "done", 1000),
     ({"code": None, "progress_step": 400}, JobState.SUSPENDED,

@@ -103,6 +103,27 @@ def test_runs_that_end_or_live_through_a_crash_complete_once(daemon_factory, tmp
     assert slow["exit_code"] == 0 and rows["slow"]["reason"] == "done"
 
 
+def test_a_command_that_completes_as_a_shutdown_stops_it_completes_once(daemon_factory,
+                                                                         tmp_path):
+    """A shutdown stops a plain command with SIGTERM; this one finishes what it does first
+    (it ignores SIGTERM, as a command that must not be cut short may) and exits 0. Its exit
+    is its completion, as it would be had it raced the signal: the next broker does not run
+    it again (a hunt of kill -9s and shutdowns under the malleable policy found it run twice,
+    its exit 0 taken for a stop without a checkpoint)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    d = daemon_factory()
+    d.submit(plain("stubborn", marks, "trap '' TERM; sleep 1.5"))
+    wait_until(lambda: running_pids(d).get("stubborn"), what="the run's pid")
+    d.client.post("/v1/shutdown", {})
+    assert d.proc.wait(timeout=30) == 0
+    assert completions(marks, "stubborn") == 1, "it did not complete before the broker left"
+    d = daemon_factory()
+    (job,) = d.wait_all(timeout=30)
+    assert (job["state"], job["reason"]) == ("done", "done as it was stopped (exit 0)")
+    assert len(runs_of(d, "stubborn")) == 1 and completions(marks, "stubborn") == 1
+
+
 def test_only_a_run_with_no_record_and_no_process_runs_again(daemon_factory, tmp_path):
     """The run's whole process group is killed while no broker watches, and the shared
     supervisor that started it (marbled.batch.spawner) too: nothing recorded how it
