@@ -21,7 +21,7 @@ done or not true to the exit. With --slurm-job J every command is a job step of 
 running Slurm job J (e.g. `salloc --no-shell --gres=gpu:6 -c 12`), the broker outside it.
 
     .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
-        [--time-scale 0.2] [--max-gap 0.8]
+        [--time-scale 0.2] [--max-gap 0.8] [--policy marble]
     .venv/bin/python benchmarks/fault_injection.py --plain 300 --kills 10 --seed 1 2
     .venv/bin/python benchmarks/fault_injection.py --plain 60 --kills 5 --slurm-job J
     .venv/bin/python benchmarks/fault_injection.py --disk-full 5 --plain 60 --seed 1 2
@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # tests.conftest (appended: PYTHONPATH wins)
 
 from marbled.cli.client import ApiError, BrokerClient  # noqa: E402
+from marbled.core.policy import POLICIES  # noqa: E402
 from marbled.demo import start_broker  # noqa: E402
 from marbled.paths import DB_NAME, socket_path  # noqa: E402
 from marbled.resources import load_job_file, workload_path  # noqa: E402
@@ -87,16 +88,16 @@ def workload(logs: Path, time_scale: float) -> list[dict]:
 _brokers: list[subprocess.Popen] = []  # the brokers started, for `left_clean`
 
 
-def start(state: Path, time_scale: float,
-          slurm_job: str | None = None) -> tuple[subprocess.Popen, float]:
+def start(state: Path, time_scale: float, slurm_job: str | None = None,
+          policy: str = "marble") -> tuple[subprocess.Popen, float]:
     """A broker on the state directory (on 6 emulated GPUs, or every run a step of Slurm
-    job `slurm_job`); how long it took to serve."""
+    job `slurm_job`) with `policy`; how long it took to serve."""
     t0 = time.monotonic()
     if slurm_job:
-        proc = start_broker(state, "marble", None, time_scale, ("--launcher", "slurm"),
+        proc = start_broker(state, policy, None, time_scale, ("--launcher", "slurm"),
                             {**os.environ, "SLURM_JOB_ID": slurm_job})
     else:
-        proc = start_broker(state, "marble", 6, time_scale)
+        proc = start_broker(state, policy, 6, time_scale)
     _brokers.append(proc)
     return proc, time.monotonic() - t0
 
@@ -126,7 +127,7 @@ def unfinished(state: Path) -> int:
 
 
 def chaos(state: Path, kills: int, seed: int = 0, time_scale: float = 0.02,
-          gap: tuple[float, float] = (0.05, 0.8)) -> ChaosResult:
+          gap: tuple[float, float] = (0.05, 0.8), policy: str = "marble") -> ChaosResult:
     """Run the workload through `kills` SIGKILLed brokers, then check it (ChaosResult)."""
     rng = random.Random(seed)
     state.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,7 @@ def chaos(state: Path, kills: int, seed: int = 0, time_scale: float = 0.02,
     jobs = workload(logs, time_scale)
     result = ChaosResult()
     t0 = time.monotonic()
-    proc, _ = start(state, time_scale)
+    proc, _ = start(state, time_scale, policy=policy)
     BrokerClient(socket_path(state)).post("/v1/jobs", {"jobs": jobs})
     while result.kills < kills:
         time.sleep(rng.uniform(*gap))
@@ -144,7 +145,7 @@ def chaos(state: Path, kills: int, seed: int = 0, time_scale: float = 0.02,
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         result.kills += 1
-        proc, took = start(state, time_scale)
+        proc, took = start(state, time_scale, policy=policy)
         result.restarts.append(took)
     finish(state, proc, result.violations, "the last kill")
     result.seconds = time.monotonic() - t0
@@ -228,7 +229,7 @@ def plain_workload(marks: Path, n: int, sleep: float = 0.3) -> list[dict]:
 
 def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
                 gap: tuple[float, float] = (0.3, 2.0),
-                slurm_job: str | None = None) -> PlainResult:
+                slurm_job: str | None = None, policy: str = "marble") -> PlainResult:
     """`n` plain commands on 6 emulated GPUs (or as steps of Slurm job `slurm_job`) through
     `kills` SIGKILLed brokers (each restarted at once), then count the commands that
     completed twice or never."""
@@ -239,7 +240,7 @@ def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
     jobs = plain_workload(marks, n)
     result = PlainResult()
     t0 = time.monotonic()
-    proc, _ = start(state, 1.0, slurm_job)
+    proc, _ = start(state, 1.0, slurm_job, policy)
     BrokerClient(socket_path(state)).post("/v1/jobs", {"jobs": jobs})
     while result.kills < kills:
         time.sleep(rng.uniform(*gap))
@@ -248,7 +249,7 @@ def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         result.kills += 1
-        proc, _ = start(state, 1.0, slurm_job)
+        proc, _ = start(state, 1.0, slurm_job, policy)
     finish(state, proc, result.violations, "the last kill")
     result.seconds = time.monotonic() - t0
     con = sqlite3.connect(state / DB_NAME)
@@ -412,6 +413,9 @@ def main() -> None:
     ap.add_argument("--slurm-job", metavar="J",
                     help="with --plain: every run a job step of the running Slurm job J "
                          "(srun), not a process on 6 emulated GPUs")
+    ap.add_argument("--policy", default="marble", choices=sorted(POLICIES),
+                    help="every broker's policy, with its defaults (kills and --plain): e.g. "
+                         "malleable, which reshapes runs at every arrival and end")
     ap.add_argument("--disk-full", type=int, default=0, metavar="N",
                     help="fill the state directory's disk (a tmpfs: as root) N times while "
                          "the job sets and --plain commands run, instead of kills")
@@ -437,7 +441,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
                     left_clean(Path(tmp) / "state"):
                 p = plain_chaos(Path(tmp) / "state", args.plain, args.kills, seed,
-                                slurm_job=args.slurm_job)
+                                slurm_job=args.slurm_job, policy=args.policy)
             summaries.append({
                 "seed": seed, "jobs": args.plain, "kills": p.kills, "runs": p.runs,
                 "adopted": p.adopted, "completed_twice": p.completed_twice,
@@ -449,7 +453,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
                 left_clean(Path(tmp) / "state"):
             r = chaos(Path(tmp) / "state", args.kills, seed, args.time_scale,
-                      (0.05, args.max_gap))
+                      (0.05, args.max_gap), args.policy)
         summaries.append({
             "seed": seed, "kills": r.kills, "runs": r.runs, "adopted": r.adopted,
             "seconds": round(r.seconds, 1),
