@@ -5,8 +5,9 @@
 
 Every cell of `policy_matrix.py`'s families (production-shaped traces, the multi-node
 family's long jobs, job sets submitted together) on a seed set (default held-out: never
-trained or tuned on), costs 10/10, under: the what-if planner (the teacher), adaptive,
-moldable, elastic and malleable, the shipped learned policy, each `--weights` network
+trained or tuned on), costs 10/10, under: the what-if planner (the teacher), every other
+policy of the zoo (adaptive, malleable, elastic, marble, moldable, rigid, timeslice), the
+shipped learned policy, each `--weights` network
 (e.g. a training's `learned-bc.npz`, `learned-dagger.npz`, `learned-ppo.npz`), and FIFO
 order with the learned policy's packing (`fifo_pick`); the networks lean on their prior by
 `--prior-weight` (default the policy's). Per policy: the cells within 5 % of
@@ -36,7 +37,7 @@ from marbled.resources import load_profile  # noqa: E402
 from marbled.sim.engine import Simulator  # noqa: E402
 
 TEACHER = "whatif"
-OTHERS = ("adaptive", "moldable", "elastic", "malleable")
+OTHERS = ("adaptive", "malleable", "elastic", "marble", "moldable", "rigid", "timeslice")
 COSTS = (10.0, 10.0)
 WITHIN = 1.05
 
