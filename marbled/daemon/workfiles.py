@@ -3,13 +3,16 @@
 Each job has a directory under the state directory, kept across its runs: its
 logs, its checkpoints, and the small JSON files the two sides exchange. A file
 counts only if it names the run it is about: a marker left by an earlier run of
-the same job is not this run's answer.
+the same job is not this run's answer, and only if its fields have the protocol's
+types (`protocol.malformed`): a report with a step written as a string is taken for none,
+and said once in the log, not left to fail the broker's handling of the run's end.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 from pathlib import Path
 
@@ -22,8 +25,11 @@ from marbled.worker.protocol import (
     PROGRESS_FILE,
     SUSPEND_FILE,
     atomic_write_json,
+    malformed,
     read_json,
 )
+
+log = logging.getLogger("marbled")
 
 LOG_STREAMS = ("stdout", "stderr")
 EXIT_PREFIX = exit_file_name("")[:-len(".json")]  # "exit-": the runs' exit files
@@ -39,6 +45,7 @@ class JobFiles:
         # Each job's last progress report as read, by what stat() says of its file: the
         # monitor and the API look often, a job reports every few seconds at most.
         self._progress: dict[int, tuple[tuple[int, int, int], dict | None]] = {}
+        self._said: set[tuple[str, int, str]] = set()  # malformed files logged
 
     def dir(self, job_id: int) -> Path:
         return self.root / str(job_id)
@@ -134,13 +141,26 @@ class JobFiles:
         known = self._progress.get(job_id)
         if known is not None and known[0] == key:
             return known[1]
-        doc = read_json(path)
+        doc = self._checked(PROGRESS_FILE, job_id, read_json(path))
         self._progress[job_id] = (key, doc)
         return doc
 
     def _of_run(self, name: str, job_id: int, run_id: int) -> dict | None:
-        doc = read_json(self.dir(job_id) / name)
+        doc = self._checked(name, job_id, read_json(self.dir(job_id) / name))
         return doc if doc is not None and doc.get("run_id") == run_id else None
+
+    def _checked(self, name: str, job_id: int, doc: dict | None) -> dict | None:
+        """`doc`, or None if a field has a type the protocol does not write (logged once
+        for each run the file names)."""
+        wrong = malformed(doc) if doc is not None else None
+        if wrong is None:
+            return doc
+        said = (name, job_id, repr(doc.get("run_id")))
+        if said not in self._said:
+            self._said.add(said)
+            log.warning("job %d: its %s is not a report the broker can use (%s): taken for "
+                        "none", job_id, name, wrong)
+        return None
 
     def waits_for_go(self, job_id: int, once_training: bool) -> bool:
         """May the job's next run be prestarted? Only if its worker said it waits for a go

@@ -91,6 +91,41 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and value == value and abs(value) != float("inf")
+
+
+def _step(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The fields of a progress report or an acknowledgement (what `report` and `acknowledge`
+# write), each with the test its value must pass when present.
+REPORT_FIELDS: dict[str, Callable[[object], bool]] = {
+    "run_id": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "step": _step,
+    "start_step": lambda v: v is None or _step(v),
+    "time": _number,
+    "phases": lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and _number(t) for k, t in v.items()),
+    "prestart": lambda v: isinstance(v, bool),
+    "since": lambda v: isinstance(v, dict) and _step(v.get("step")) and _number(v.get("time")),
+    "signalled_at": lambda v: v is None or _number(v),
+    "save_seconds": lambda v: v is None or _number(v),
+}
+
+
+def malformed(doc: dict) -> str | None:
+    """What is wrong with a report the broker read (a job that writes its files itself, or
+    a byte gone wrong that still parses: a step as a string, a negative step), or None.
+    The broker takes such a report for none, as it takes a file that does not parse."""
+    for name, ok in REPORT_FIELDS.items():
+        if name in doc and not ok(doc[name]):
+            return f"{name}: {doc[name]!r}"
+    return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

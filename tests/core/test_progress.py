@@ -9,7 +9,7 @@ import pytest
 from marbled.core.profiles import ThroughputCurve
 from marbled.core.progress import end_forecast, run_progress
 from marbled.worker import protocol
-from marbled.worker.protocol import PROGRESS_FILE, RATE_WINDOW_S, JobProtocol
+from marbled.worker.protocol import PROGRESS_FILE, RATE_WINDOW_S, JobProtocol, malformed
 
 
 def _report(step: int, time: float, since: tuple[int, float] | None, first_step_at: float = 1.0,
@@ -86,3 +86,20 @@ def test_a_short_run_is_forecast_by_its_own_steps_before_a_speed_is_measured():
     assert end_forecast(measured, 10_000, 1, 1, None, 62.5) == pytest.approx(62.0 + 3950 / 50)
     assert end_forecast({"step": 0, "start_step": 0, "time": 0.5}, 100, 2, 1, curve,
                         now=3.0) == pytest.approx(3.0 + 100 / 7.0)
+
+
+@pytest.mark.parametrize("doc, wrong", [
+    ({"run_id": 3, "step": 10, "start_step": None, "time": 1.5, "phases": {"launch": 1.0},
+      "prestart": False, "since": {"step": 9, "time": 1.0}}, None),  # as `report` writes
+    ({"run_id": 3, "step": 10, "time": 2.0, "signalled_at": None, "save_seconds": 0.4}, None),
+    ({"run_id": 3, "step": "10"}, "step: '10'"),
+    ({"run_id": 3, "step": True}, "step: True"),
+    ({"run_id": 3, "step": -1}, "step: -1"),
+    ({"run_id": "3"}, "run_id: '3'"),
+    ({"run_id": 3, "time": float("nan")}, "time: nan"),
+    ({"run_id": 3, "phases": {"first_step": "x"}}, "phases: {'first_step': 'x'}"),
+    ({"run_id": 3, "since": 5}, "since: 5"),
+    ({"run_id": 3, "start_step": 2.5}, "start_step: 2.5"),
+])
+def test_a_report_of_the_wrong_types_is_malformed(doc, wrong):
+    assert malformed(doc) == wrong

@@ -138,3 +138,28 @@ def test_explain_gives_speeds_in_real_seconds_beside_the_profiled_figure_of_curv
     assert line == (f"its curve on 4 GPUs of a node: {profiled / SCALE:.3g} steps/s "
                     f"({profiled:.3g} profiled: emulated at time scale {SCALE:g})")
     assert daemon.jobs()[0]["rate"] == pytest.approx(profiled / SCALE, rel=0.15)
+
+
+@pytest.mark.parametrize("fields", [
+    '"step": "100", "time": 1',  # a step written as a string
+    '"step": 5, "time": 1, "phases": {"first_step": "x"}',
+    '"step": -3, "start_step": 0, "time": NaN',
+])
+def test_a_report_of_the_wrong_types_is_taken_for_none_and_the_job_ends(daemon_factory,
+                                                                        fields):
+    """A job that writes its progress file itself, with fields of types the protocol does
+    not write (or a byte gone wrong that still parses). The broker takes the report for none
+    and says so once in its log; the job ends done at its exit 0. Before, the string step
+    failed the handling of the run's end: the job stayed `running`, its GPU held by nothing."""
+    daemon = daemon_factory("--no-learn")
+    write = ('echo "{\\"run_id\\": $MARBLE_RUN_ID, ' + fields.replace('"', '\\"')
+             + '}" > $MARBLE_RUN_DIR/p.tmp && mv $MARBLE_RUN_DIR/p.tmp '
+             '$MARBLE_RUN_DIR/progress.json && sleep 1')
+    daemon.submit({"model": "resnet-50", "steps": 1000, "gpus": 1,
+                   "command": ["sh", "-c", write]})
+    time.sleep(0.6)  # the report is there while the job runs: the views read it
+    assert daemon.jobs()[0]["state"] == "running"
+    (job,) = daemon.wait_all(timeout=30)
+    assert (job["state"], job["reason"]) == ("done", "done")
+    log = (daemon.state_dir / "marbled.log").read_text()
+    assert log.count("its progress.json is not a report the broker can use") == 1
