@@ -42,11 +42,10 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
     `recovered`: its process ended while no broker watched (the why says so)."""
     end_step = ack.get("step") if ack else progress_step
     reached = target_steps is not None and end_step is not None and end_step >= target_steps
-    # Steps left by its own report: an exit 0 as it was stopped by force is then a stop it
-    # made gracefully (it resumes from its checkpoint), not its end.
-    left = target_steps is not None and progress_step is not None \
-        and progress_step < target_steps
-    if cancelled and code == 0 and not left:
+    # Steps left by its own report (or its acknowledgement): an exit 0 as it was stopped by
+    # force is then a stop it made gracefully (it resumes from its checkpoint), not its end.
+    left = target_steps is not None and end_step is not None and end_step < target_steps
+    if cancelled and code == 0 and not ack and not left:
         # It completed as the cancel came (its exit raced the signal, or it finished what it
         # was doing first): its record says so, and the jobs after it may run.
         outcome, why = JobState.DONE, "done as it was cancelled (exit 0)"

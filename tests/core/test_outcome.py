@@ -30,6 +30,11 @@ def end(code=0, cancelled=False, suspending=False, escalated=False, reason="prom
     # ... unless it exited 0 with steps left by its own reports
     ({"code": 0, "cancelled": True, "progress_step": 400}, JobState.CANCELLED,
      "cancelled by the user", 400),
+    # ... or it acknowledged a checkpoint (a stop it made, whatever its reports)
+    ({"code": 0, "cancelled": True, "ack": ACK}, JobState.CANCELLED, "cancelled by the user",
+     120),
+    ({"code": 0, "cancelled": True, "ack": ACK, "target_steps": None}, JobState.CANCELLED,
+     "cancelled by the user", 120),
     # asked to suspend
     ({"suspending": True, "ack": ACK}, JobState.SUSPENDED, "promote", 120),
     ({"suspending": True, "ack": {"step": 1000}}, JobState.DONE, "done", 1000),
