@@ -42,15 +42,16 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
     `recovered`: its process ended while no broker watched (the why says so)."""
     end_step = ack.get("step") if ack else progress_step
     reached = target_steps is not None and end_step is not None and end_step >= target_steps
-    # Steps left by its own report (or its acknowledgement): an exit 0 as it was stopped by
-    # force is then a stop it made gracefully (it resumes from its checkpoint), not its end.
+    # An exit 0 as the broker stopped or cancelled the run is its completion (its exit raced
+    # the signal, or it finished what it was doing first; exit 0 is success, as a batch
+    # system counts it): run again, a plain command would complete twice (lifecycle I2).
+    # Not when it acknowledged a checkpoint, or its own report says steps are left: then it
+    # made a graceful stop.
     left = target_steps is not None and end_step is not None and end_step < target_steps
-    if cancelled and code == 0 and not ack and not left:
-        # It completed as the cancel came (its exit raced the signal, or it finished what it
-        # was doing first): its record says so, and the jobs after it may run.
-        outcome, why = JobState.DONE, "done as it was cancelled (exit 0)"
-    elif cancelled:
-        outcome, why = JobState.CANCELLED, "cancelled by the user"
+    completed = code == 0 and not ack and not left
+    if cancelled:
+        outcome, why = (JobState.DONE, "done as it was cancelled (exit 0)") if completed \
+            else (JobState.CANCELLED, "cancelled by the user")
     elif code is None and reached:  # exit not observed: the files say it finished
         outcome, why = JobState.DONE, "done"
     elif code is None and not ack:  # exit not observed, and the files do not say
@@ -60,10 +61,7 @@ def run_outcome(*, code: int | None, cancelled: bool, suspending: bool, escalate
             outcome, why = (JobState.DONE, "done") if reached else (JobState.SUSPENDED, reason)
         elif code == 0 and not escalated:
             outcome, why = JobState.DONE, "done before it saw the suspension"
-        elif code == 0 and not left:
-            # It completed as the stop came (its exit raced the SIGTERM, or it finished
-            # what it was doing first): exit 0 is success, as a batch system counts it; run
-            # again, a plain command would complete twice (lifecycle I2).
+        elif completed:
             outcome, why = JobState.DONE, "done as it was stopped (exit 0)"
         elif escalated:
             outcome, why = JobState.SUSPENDED, f"{reason}: stopped without a checkpoint"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -91,19 +92,22 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) \
-        and value == value and abs(value) != float("inf")
+    return _int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _step(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _int(value) and value >= 0
 
 
 # The fields of a progress report or an acknowledgement (what `report` and `acknowledge`
 # write), each with the test its value must pass when present.
 REPORT_FIELDS: dict[str, Callable[[object], bool]] = {
-    "run_id": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "run_id": _int,
     "step": _step,
     "start_step": lambda v: v is None or _step(v),
     "time": _number,

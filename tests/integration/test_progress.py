@@ -157,7 +157,10 @@ def test_a_report_of_the_wrong_types_is_taken_for_none_and_the_job_ends(daemon_f
              '$MARBLE_RUN_DIR/progress.json && sleep 1')
     daemon.submit({"model": "resnet-50", "steps": 1000, "gpus": 1,
                    "command": ["sh", "-c", write]})
-    time.sleep(0.6)  # the report is there while the job runs: the views read it
+    # the report is there while the job runs (1 s after it writes it): the views read it
+    daemon.wait_for(lambda: daemon.jobs()[0]["state"] == "running", timeout=30,
+                    what="the job running")
+    time.sleep(0.3)
     assert daemon.jobs()[0]["state"] == "running"
     (job,) = daemon.wait_all(timeout=30)
     assert (job["state"], job["reason"]) == ("done", "done")
