@@ -194,6 +194,10 @@ def dependency_status(job: Job, state: State) -> str:
     return status
 
 
+def _movable(job: Job) -> bool:
+    return not job.state.finished and (job.malleable or job.nodes_min is not None)
+
+
 def _no_job(job_id: int) -> JobState | None:
     """`State.ended` of a state that forgets no job: a job it does not hold does not exist."""
     return None
@@ -250,6 +254,7 @@ class State:
         self._ready: list[int] = []
         self._is_ready: set[int] = set()
         self._unfinished = 0
+        self._movable = 0  # unfinished jobs a policy may resize, suspend or place on a range
         # Read by what the API shows (`status`, the metrics, the forecast) at a cost of the
         # live jobs, not of every job ever: jobs by state, and the ids of the unfinished ones.
         self._counts: dict[JobState, int] = dict.fromkeys(JobState, 0)
@@ -335,6 +340,13 @@ class State:
     @property
     def unfinished(self) -> int:
         return self._unfinished
+
+    @property
+    def movable(self) -> int:
+        """How many unfinished jobs a policy may resize or suspend (`malleable`) or place on
+        a count of nodes of its choosing (`nodes_min`): with none, every job runs on its
+        own count, in FIFO order, and is never moved."""
+        return self._movable
 
     def active(self) -> list[Job]:
         """The unfinished jobs, in FIFO (id) order; what they cost, not every job ever."""
@@ -541,6 +553,7 @@ class State:
         else:
             self._with_deps.discard(new.id)
         self._unfinished += (not new.state.finished) - (old is not None and not old.state.finished)
+        self._movable += _movable(new) - (old is not None and _movable(old))
         if old is None or old.state is not new.state:
             if old is not None:
                 self._counts[old.state] -= 1

@@ -47,7 +47,8 @@ def _brute(state: State) -> tuple[dict, list[int], list[int]]:
 def test_the_state_keeps_its_tallies_through_every_transition():
     state = State.single_node(4)
     for i in range(1, 9):
-        state.submit(Job(i, 1, True, after=(1,) if i == 8 else ()))
+        state.submit(Job(i, 1, i != 5, after=(1,) if i == 8 else ()))  # 5 is rigid
+    assert state.movable == 7
     state.apply(Start(1, "node0", (0,), Role.PRIMARY))
     state.apply(Start(2, "node0", (1,), Role.PRIMARY))
     state.apply(Suspend(2, None, "test"))
@@ -60,6 +61,7 @@ def test_the_state_keeps_its_tallies_through_every_transition():
     state.withdraw(7)
     assert _brute(state) == (state.counts(), [j.id for j in state.active()], state.holding())
     assert state.counts()[JobState.CANCELLED] == 1 and state.unfinished == len(state.active())
+    assert state.movable == sum(j.malleable for j in state.active()) == 3  # 2, 6, 8; 5 rigid
 
 
 async def _finish_all(h, jobs: int) -> None:

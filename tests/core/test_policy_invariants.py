@@ -87,6 +87,8 @@ def scenarios(draw, multi_node: bool = False) -> Scenario:
 
 def check_state(state: State) -> None:
     """What must hold after every transition."""
+    assert state.movable == sum(not j.state.finished and (j.malleable or j.nodes_min is not None)
+                                for j in state.jobs.values())
     holders: dict[tuple[str, int], int] = {}
     reserved: dict[tuple[str, int], int] = {}
     shared: dict[tuple[str, int], float] = {}  # GPU -> the part of it its sharers hold
