@@ -30,7 +30,7 @@ class BrokerConfig:
     # The runs of one decision start about 1 ms apart through the shared supervisor, so end
     # as far apart (0.9 ms p50, 1.6 ms p90 between the ends of `sleep 0.1` x300 on 6 GPUs):
     # 4 ms holds them together, and a decision beside other runs waits 4 ms, not 10 (once
-    # no run is left, none: issue 32).
+    # no run is left, or no unfinished job is movable, none: issue 32).
     coalesce_s: float = 0.004
     coalesce_max_s: float = 0.5
     # A job the policy reshapes again within this many seconds of its last reshape is left as
