@@ -285,12 +285,14 @@ class DiskResult:
 
 
 def disk_chaos(root: Path, fills: int, plain: int, seed: int = 0, time_scale: float = 0.05,
-               size: str = "4m", hold: tuple[float, float] = (0.5, 3.0)) -> DiskResult:
+               size: str = "4m", hold: tuple[float, float] = (0.5, 3.0),
+               policy: str = "marble") -> DiskResult:
     """The job sets (emulated, step logs) and `plain` commands on a broker whose state
     directory is a `size` tmpfs (as root), filled `fills` times for `hold` seconds: check
     the job sets as `chaos` does, count the plain commands completed twice, the 503s and
-    the broker's deaths, and how long a run's GPUs were recorded held after it exited. The
-    jobs' own directories are elsewhere (a link): the fault is the broker's store's."""
+    the broker's deaths, and how long a run's GPUs were recorded held after it exited; every
+    broker runs `policy`. The jobs' own directories are elsewhere (a link): the fault is the
+    broker's store's."""
     rng = random.Random(seed)
     state, jobs_dir, logs, marks = (root / n for n in ("state", "jobs", "steps", "marks"))
     for d in (state, jobs_dir, logs, marks):
@@ -300,19 +302,20 @@ def disk_chaos(root: Path, fills: int, plain: int, seed: int = 0, time_scale: fl
     try:
         (state / "jobs").symlink_to(jobs_dir)
         with left_clean(state):  # before the unmount: the runs are read from its store
-            return _fill_while_running(state, logs, marks, fills, plain, rng, time_scale, hold)
+            return _fill_while_running(state, logs, marks, fills, plain, rng, time_scale, hold,
+                                       policy)
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
 
 
 def _fill_while_running(state: Path, logs: Path, marks: Path, fills: int, plain: int,
                         rng: random.Random, time_scale: float,
-                        hold: tuple[float, float]) -> DiskResult:
+                        hold: tuple[float, float], policy: str) -> DiskResult:
     result = DiskResult()
     jobs = workload(logs, time_scale)
     plain_jobs = plain_workload(marks, plain)
     t0 = time.monotonic()
-    proc, _ = start(state, time_scale)
+    proc, _ = start(state, time_scale, policy=policy)
     client = BrokerClient(socket_path(state), timeout=10)
     client.post("/v1/jobs", {"jobs": jobs + plain_jobs})
     probe = {"gpus": 1, "command": ["true"], "name": "probe"}
@@ -341,7 +344,7 @@ def _fill_while_running(state: Path, logs: Path, marks: Path, fills: int, plain:
         filler.unlink()
         freed = time.monotonic()
         if proc.poll() is not None:
-            proc, _ = start(state, time_scale)
+            proc, _ = start(state, time_scale, policy=policy)
             client = BrokerClient(socket_path(state), timeout=10)
         while time.monotonic() - freed < 60:
             try:
@@ -414,7 +417,8 @@ def main() -> None:
                     help="with --plain: every run a job step of the running Slurm job J "
                          "(srun), not a process on 6 emulated GPUs")
     ap.add_argument("--policy", default="marble", choices=sorted(POLICIES),
-                    help="every broker's policy, with its defaults (kills and --plain): e.g. "
+                    help="every broker's policy, with its defaults (kills, --plain and "
+                         "--disk-full): e.g. "
                          "malleable, which reshapes runs at every arrival and end")
     ap.add_argument("--disk-full", type=int, default=0, metavar="N",
                     help="fill the state directory's disk (a tmpfs: as root) N times while "
@@ -424,7 +428,8 @@ def main() -> None:
     if args.disk_full:
         for seed in args.seed:
             with tempfile.TemporaryDirectory(prefix="marble-disk-") as tmp:
-                d = disk_chaos(Path(tmp), args.disk_full, args.plain, seed, args.time_scale)
+                d = disk_chaos(Path(tmp), args.disk_full, args.plain, seed, args.time_scale,
+                               policy=args.policy)
             summaries.append({
                 "seed": seed, "fills": d.fills, "refused_503": d.refused,
                 "accepted_while_full": d.accepted_full, "broker_died": d.broker_died,
