@@ -345,7 +345,7 @@ class State:
     def movable(self) -> int:
         """How many unfinished jobs a policy may resize or suspend (`malleable`) or place on
         a count of nodes of its choosing (`nodes_min`): with none, every job runs on its
-        own count, in FIFO order, and is never moved."""
+        own count and is never resized, suspended or moved by a policy."""
         return self._movable
 
     def active(self) -> list[Job]:

@@ -114,7 +114,7 @@ async def test_after_the_last_run_ends_no_quiet_period_is_waited(tmp_path):
 
 @in_loop
 async def test_with_every_job_rigid_no_quiet_period_is_waited(tmp_path):
-    """Rigid jobs run on their own counts in FIFO order and are never moved: a decision at
+    """Rigid jobs run on their own counts and are never moved by a policy: a decision at
     one end is not undone at the next, so the next job starts at once (`sleep 0.1` x200 on
     6 slots: 53.6 -> 56.3 jobs/s; issue 32), though another run could still end."""
     assert await _start_after_an_end(tmp_path, last=False, movable=False) < 0.2
