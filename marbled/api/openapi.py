@@ -194,8 +194,9 @@ FORECAST = _object({
     "at": TIME, "finish_at": TIME_OR_NULL, "reason": OR_NULL["string"],
     "jobs": {"type": "array", "items": _object({"id": INT, "start_at": TIME,
                                                 "end_at": TIME})},
-    "left_out": {"type": "array", "items": _object({"id": INT, "why": STR})}},
-    optional=("left_out",))
+    "left_out": {"type": "array", "items": _object({"id": INT, "why": STR})},
+    "left_out_count": INT},
+    optional=("left_out", "left_out_count"))
 CURVES = _object({"profile": OR_NULL["string"], "learning": BOOL, "models": {
     "type": "array", "items": _object({
         "model": STR, "counts": {"type": "array", "items": _object({
@@ -461,7 +462,8 @@ def _spec() -> dict:
                 "summary": "when each unfinished job should start and end, and the queue with it "
                            "(the simulator from now; `reason` says why not, when it cannot); "
                            "`left_out`: [{id, why}] the jobs it cannot play (no curve, no step "
-                           "count) and those waiting for them; a running job "
+                           "count) and those waiting for them, the first 50 by id, and "
+                           "`left_out_count` how many in all; a running job "
                            "ends, and the queue with it, no sooner than its own ETA (`finish_at` "
                            "of the job)",
                 "responses": _answer("forecast", schema=_ref("Forecast"))}},

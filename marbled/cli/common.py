@@ -148,7 +148,8 @@ def left_out_text(forecast: dict, most: int = 3) -> str:
     if not out:
         return ""
     named = ", ".join(f"job {j['id']} ({j['why']})" for j in out[:most])
-    more = f" and {len(out) - most} more" if len(out) > most else ""
+    count = forecast.get("left_out_count", len(out))  # the list names the first 50 only
+    more = f" and {count - most} more" if count > most else ""
     return f"the forecast leaves out {named}{more}"
 
 

@@ -87,7 +87,8 @@ class OfflineViews(Views):
 
 
 def offline_forecast(at: float) -> dict:
-    return {"at": at, "finish_at": None, "jobs": [], "reason": None, "left_out": []}
+    return {"at": at, "finish_at": None, "jobs": [], "reason": None, "left_out": [],
+            "left_out_count": 0}
 
 
 class Records:

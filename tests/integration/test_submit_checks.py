@@ -49,6 +49,23 @@ def test_a_typo_is_told_at_submit_and_left_out_of_the_forecast(daemon_factory):
     assert [j["id"] for j in forecast["left_out"]] == [1, 2]
 
 
+def test_a_long_queue_left_out_of_the_forecast_is_named_in_part_and_counted(daemon_factory):
+    """Plain commands with a fixed count (no model, no steps: the forecast cannot play
+    them), many: the forecast names the first 50 and counts them all, so that a poll of a
+    queue of 20,000 such jobs does not carry 20,000 reasons; `marble status` says how many."""
+    daemon = daemon_factory(*QUICK)
+    daemon.submit({"gpus": 6, "command": SLEEP}, *[{"gpus": 1, "command": SLEEP}] * 79)
+    forecast = daemon.client.get("/v1/forecast")
+    assert forecast["finish_at"] is None and forecast["jobs"] == []
+    assert [j["id"] for j in forecast["left_out"]] == list(range(1, 51))
+    assert forecast["left_out_count"] == 80
+    status = marble(daemon, "status")
+    assert status.returncode == 0, status.stderr
+    assert "the forecast leaves out job 1 (it has no model and step count to simulate), " \
+           "job 2 (it has no model and step count to simulate), job 3 (it has no model " \
+           "and step count to simulate) and 77 more" in status.stdout
+
+
 def test_an_alias_is_recorded_under_the_profiles_name(daemon):
     jobs = daemon.submit({"model": "ResNet50", "steps": 60, "emulate": True},
                          {"model": "resnet_v1_50", "steps": 60, "emulate": True})

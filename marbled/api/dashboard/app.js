@@ -577,9 +577,10 @@ function renderTimeline(t0, forecastEnds) {
   const why = active && ui.forecast && !ui.forecast.finish_at && ui.forecast.reason;
   // the jobs the forecast cannot play (no curve yet...), as `marble status` says them
   const skipped = (active && ui.forecast && ui.forecast.left_out) || [];
+  const skippedCount = (ui.forecast && ui.forecast.left_out_count) || skipped.length;
   const leftOut = skipped.length ? "the forecast leaves out "
     + skipped.slice(0, 3).map((j) => `job ${j.id} (${j.why})`).join(", ")
-    + (skipped.length > 3 ? ` and ${skipped.length - 3} more` : "") : "";
+    + (skippedCount > 3 ? ` and ${skippedCount - 3} more` : "") : "";
   $("legend").innerHTML = legend() + (why ? `<span class="note">no forecast: ${esc(why)}</span>` : "")
     + (leftOut ? `<span class="note">${esc(leftOut)}</span>` : "");
 }
