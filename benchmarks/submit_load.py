@@ -7,6 +7,8 @@ are held by one job, so nothing submitted starts; each submitted job is `true` o
   api-20      one job per request, 20 concurrent clients (threads, a connection a request)
               while a probe asks for /v1/status every 50 ms; then every job must be in the
               database exactly once, ids 1..N+1 without a gap (the original load test)
+  api-20-ka   the same with keep-alive: each client sends all its requests on one
+              connection (http.client, as HTTP client libraries do), with the same checks
   batch-100   POST /v1/jobs with {"jobs": [100 jobs]}, one client
   batch-1000  the same with 1,000 jobs a request
   cli         `marble submit -- true`, one process per job, from a shell loop (`sh -c 'for
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marbled.cli import client as client_module
 from marbled.cli.client import BrokerClient
 from marbled.demo import start_broker
 from marbled.paths import DB_NAME, socket_path
@@ -78,8 +81,10 @@ class LoadResult:
         }
 
 
-def load(state: Path, clients: int = 20, jobs: int = 10_000) -> LoadResult:
-    """`clients` threads submit `jobs` jobs one per request; every job recorded once?"""
+def load(state: Path, clients: int = 20, jobs: int = 10_000,
+         keepalive: bool = False) -> LoadResult:
+    """`clients` threads submit `jobs` jobs one per request, each on a connection of its
+    own, or with `keepalive` all on one; every job recorded once?"""
     result = LoadResult()
     proc = start_broker(state, "marble", 6, 1.0)
     try:
@@ -96,11 +101,12 @@ def load(state: Path, clients: int = 20, jobs: int = 10_000) -> LoadResult:
                 time.sleep(0.05)
 
         def submit(k: int) -> None:
-            client = BrokerClient(socket_path(state), timeout=60)
+            post = _kept_alive(socket_path(state)) if keepalive else \
+                BrokerClient(socket_path(state), timeout=60).post
             for i in range(k, jobs, clients):
                 try:
                     t0 = time.perf_counter()
-                    client.post("/v1/jobs", {**ONE, "name": f"j{i}"})
+                    post("/v1/jobs", {**ONE, "name": f"j{i}"})
                     result.latency.append(time.perf_counter() - t0)
                 except Exception as exc:  # noqa: BLE001 (counted, reported)
                     result.errors.append(f"job j{i}: {exc}")
@@ -139,6 +145,22 @@ def load(state: Path, clients: int = 20, jobs: int = 10_000) -> LoadResult:
     if integrity != "ok":
         result.violations.append(f"integrity_check: {integrity}")
     return result
+
+
+def _kept_alive(path: Path) -> Callable[[str, dict], dict]:
+    """A POST over one HTTP/1.1 connection that stays open between requests."""
+    connection = client_module._UnixConnection(str(path), 60.0)
+
+    def post(url: str, body: dict) -> dict:
+        connection.request("POST", url, json.dumps(body),
+                           {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        doc = json.loads(answer.read())
+        if answer.status != 201:
+            raise RuntimeError(f"{answer.status}: {doc.get('error')}")
+        return doc
+
+    return post
 
 
 def _with_broker(tmp: Path, name: str, body: Callable[[Path], dict]) -> dict:
@@ -225,19 +247,20 @@ def _cli_file(state: Path, tmp: Path, jobs: int) -> dict:
             "jobs_per_second": round(jobs / seconds)}
 
 
-PARTS = ("api-1", "api-20", "batch-100", "batch-1000", "cli", "cli-file")
+PARTS = ("api-1", "api-20", "api-20-ka", "batch-100", "batch-1000", "cli", "cli-file")
 
 
 def suite(parts: tuple[str, ...], smoke: bool, clients: int = 20) -> dict:
     n = {"api-1": 200 if smoke else 3_000, "api-20": 400 if smoke else 10_000,
+         "api-20-ka": 400 if smoke else 10_000,
          "batch-100": 5 if smoke else 200, "batch-1000": 2 if smoke else 20,
          "cli": 5 if smoke else 50, "cli-file": 300 if smoke else 10_000}
     out: dict = {"load_before": load_average(), "smoke": smoke, "parts": {}}
     with tempfile.TemporaryDirectory(prefix="marble-submit-") as tmp_name:
         tmp = Path(tmp_name)
         for part in parts:
-            if part == "api-20":
-                r = load(tmp / part, clients, n[part])
+            if part in ("api-20", "api-20-ka"):
+                r = load(tmp / part, clients, n[part], keepalive=part == "api-20-ka")
                 fig = r.summary()
                 shutil.rmtree(tmp / part, ignore_errors=True)
             elif part == "api-1":

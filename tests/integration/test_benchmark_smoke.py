@@ -45,7 +45,7 @@ def _smoke(script: str, tmp_path) -> tuple[str, dict]:
 
 def test_submission_smoke(tmp_path):
     printed, figures = _smoke("submit_load.py", tmp_path)
-    parts = ("api-1", "api-20", "batch-100", "batch-1000", "cli", "cli-file")
+    parts = ("api-1", "api-20", "api-20-ka", "batch-100", "batch-1000", "cli", "cli-file")
     for part in parts:
         assert part in printed, f"{part!r} not printed:\n{printed}"
         fig = figures["parts"][part]
