@@ -32,6 +32,7 @@ from marbled.worker.protocol import (
 log = logging.getLogger("marbled")
 
 LOG_STREAMS = ("stdout", "stderr")
+SAID_PER_JOB = 16  # malformed files of a job logged at most (a file per run, each once)
 EXIT_PREFIX = exit_file_name("")[:-len(".json")]  # "exit-": the runs' exit files
 NO_OUTPUT = {"offset": 0, "next_offset": 0, "size": 0, "text": ""}
 
@@ -45,7 +46,8 @@ class JobFiles:
         # Each job's last progress report as read, by what stat() says of its file: the
         # monitor and the API look often, a job reports every few seconds at most.
         self._progress: dict[int, tuple[tuple[int, int, int], dict | None]] = {}
-        self._said: set[tuple[str, int, str]] = set()  # malformed files logged
+        # the malformed files logged, by job: (file, run) once each, until the job ends
+        self._said: dict[int, set[tuple[str, object]]] = {}
 
     def dir(self, job_id: int) -> Path:
         return self.root / str(job_id)
@@ -109,8 +111,10 @@ class JobFiles:
         return read_exit(self.dir(job_id), run_id)
 
     def forget(self, job_id: int) -> None:
-        """The job has ended: its last report need not be kept."""
+        """The job has ended: its last report, and which of its files were malformed, need
+        not be kept."""
         self._progress.pop(job_id, None)
+        self._said.pop(job_id, None)
 
     def ask_to_suspend(self, job_id: int, run_id: int, at: float) -> None:
         """The request a job finds even if its SIGTSTP came before its handler."""
@@ -151,13 +155,15 @@ class JobFiles:
 
     def _checked(self, name: str, job_id: int, doc: dict | None) -> dict | None:
         """`doc`, or None if a field has a type the protocol does not write (logged once
-        for each run the file names)."""
+        for each run the file names, for SAID_PER_JOB runs of a job at most)."""
         wrong = malformed(doc) if doc is not None else None
         if wrong is None:
             return doc
-        said = (name, job_id, repr(doc.get("run_id")))
-        if said not in self._said:
-            self._said.add(said)
+        run = doc.get("run_id")
+        said = (name, run if isinstance(run, int) else None)  # a run id, or not one
+        seen = self._said.setdefault(job_id, set())
+        if said not in seen and len(seen) < SAID_PER_JOB:
+            seen.add(said)
             log.warning("job %d: its %s is not a report the broker can use (%s): taken for "
                         "none", job_id, name, wrong)
         return None

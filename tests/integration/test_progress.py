@@ -72,6 +72,28 @@ def test_a_job_the_simulator_cannot_play_is_left_out_of_the_forecast(daemon_fact
         {"id": 1, "why": "it has no model and step count to simulate"}]
 
 
+def test_malformed_reports_are_logged_once_a_run_and_forgotten_with_the_job(tmp_path,
+                                                                             caplog):
+    """A job that writes a malformed progress file with a new run id each time (a counter
+    of its own) is logged for SAID_PER_JOB of them, not for each: what the broker keeps of
+    what it said is bounded, and let go when the job ends."""
+    from marbled.daemon.workfiles import PROGRESS_FILE, SAID_PER_JOB, JobFiles
+
+    files = JobFiles(tmp_path)
+    files.prepare_run(1)
+    path = files.dir(1) / PROGRESS_FILE
+    for run_id in range(1, 3 * SAID_PER_JOB):
+        for _ in range(2):  # the same run's file again: said once
+            path.write_text(json.dumps({"run_id": run_id, "step": "x", "time": 1}))
+            assert files.progress(1, run_id) == {}
+            files._progress.clear()  # read again, as after a new write
+    said = [r for r in caplog.records if "is not a report the broker can use" in r.message]
+    assert len(said) == SAID_PER_JOB
+    assert len(files._said[1]) == SAID_PER_JOB
+    files.forget(1)
+    assert 1 not in files._said
+
+
 # A job speaking the worker protocol that trains 100 steps/s for 4 s, then 50 steps/s: its
 # speed halves mid-run. It reports once a second (the default MARBLE_REPORT_INTERVAL) and
 # writes when the halving came.
