@@ -208,6 +208,9 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                     assert low <= len(gpus) <= job.demand, f"adaptive: job {job.id} on {gpus}"
                     assert action.share == 1
                     assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
+                elif policy == "phased":  # any count its curve allows (checked above)
+                    assert action.share == 1
+                    assert (role is Role.PRIMARY) == (len(gpus) == job.demand)
                 elif policy in ("moldable", "malleable"):
                     low = job.fewest
                     assert low <= len(gpus) <= job.demand, f"moldable: job {job.id} on {gpus}"
@@ -237,6 +240,9 @@ def check_decision(policy: str, state: State, actions: list) -> None:
                 assert target is None and job.malleable and job.state is JobState.RUNNING
                 assert job.expected_end is not None and job.expected_end > GUARD_S, (
                     f"job {job.id} reshaped within the guard ({job.expected_end})")
+                assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
+            case Suspend(resume_on=target) if policy == "phased":
+                assert target is None and job.malleable and job.state is JobState.RUNNING
                 assert not any(isinstance(a, Start) for a in actions), "reshape, then start"
             case Suspend(resume_on=target) if policy == "learned":  # one move a decision
                 own = [a for a in actions if not isinstance(a, Cancel)
@@ -296,7 +302,10 @@ def check_spread(policy: str, state: State, job: Job, action) -> None:
 def _followed(policy, name: str) -> str:
     """The policy whose rules a decision keeps: a planner's (whatif), the one it follows."""
     driver = getattr(policy, "driver", None)
-    return name if driver is None else driver.split("(")[0]
+    if driver is None:
+        return name
+    followed = policy._policies[driver]  # a phased plan, or malleable off its plan
+    return getattr(followed, "following", driver.split("(")[0])
 
 
 def drive(policy_name: str, scenario: Scenario, data) -> State:

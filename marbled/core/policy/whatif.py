@@ -49,6 +49,8 @@ from itertools import islice
 from marbled.core.model import Job, JobState, Placement, State
 from marbled.core.policy.adaptive import PLAN_JOBS, AdaptivePolicy
 from marbled.core.policy.base import Option, Policy, work_left
+from marbled.core.policy.phased import MAX_JOBS as PHASED_JOBS
+from marbled.core.policy.phased import Phased, PhaseJob, Table, search
 from marbled.core.profiles import ProfileBook, model_key
 
 
@@ -90,7 +92,8 @@ CANDIDATES: tuple[tuple[str, Callable[[], Policy]], ...] = (
     *((name, partial(_policy, name)) for name in ("malleable", "elastic", "marble", "moldable",
                                                    "rigid")))
 FIRST = "adaptive"  # drives until a plan is made (with its own look-ahead)
-ORDER = {name: i for i, name in enumerate((FIRST, *(c for c, _ in CANDIDATES)))}  # on a tie
+PHASED = "phased"  # a plan searched over every schedule of a few jobs (`phased.py`)
+ORDER = {name: i for i, name in enumerate((FIRST, *(c for c, _ in CANDIDATES), PHASED))}
 POLL_S = 0.5  # how soon to look again for a plan made in the background
 ERRORS_KEPT = 64  # the past predictions whose error is the hysteresis
 
@@ -202,13 +205,15 @@ class WhatIfPolicy(Policy):
 
     def _cannot_place(self, state: State, now: float) -> bool:
         driver = self._policies[self.driver]
-        return any(driver.feasible(j, state) for j in islice(state.waiting(),
-                                                             int(self.plan_jobs)))
+        # a phased plan never places a job it was not made for
+        unknown = driver.jobs if isinstance(driver, Phased) else None
+        return any(driver.feasible(j, state) or (unknown is not None and j.id not in unknown)
+                   for j in islice(state.waiting(), int(self.plan_jobs)))
 
     def _make_plan(self, state: State, now: float) -> None:
         if self._pending is not None:
             return  # one plan at a time: the next is made once this one is adopted
-        setup = _forward(state, now, int(self.plan_jobs))
+        setup = _forward(state, now, int(self.plan_jobs), self.jct_weight)
         if setup is None:
             return  # not now: a reshape is under way, or a job cannot be simulated
         self._due = None
@@ -227,6 +232,8 @@ class WhatIfPolicy(Policy):
         rank = self._rank(predicted)
         order = {c: (round(rank[c], 9), ORDER.get(c, len(ORDER))) for c in rank}
         best = min(rank, key=order.get)
+        if best == PHASED:  # its counts are this plan's: it drives as planned from now
+            self._policies[PHASED] = Phased(prediction.table)
         threshold = self.min_gain + self.error()
         # a change for a predicted gain above the threshold; and a tie goes by candidate
         # order here too (a plan predicted alike costs nothing to change)
@@ -271,6 +278,7 @@ class Forward:
     ids: list[int]
     book: ProfileBook
     nodes: int
+    jct_weight: float = 0.5  # the objective, for the phased plan's search
 
 
 @dataclass(frozen=True)
@@ -279,6 +287,7 @@ class Prediction:
     predicted: dict[str, tuple[float, float]]  # candidate -> (mean completion, last end)
     ends: dict[str, dict[int, float]]  # candidate -> {job: its end, s after `at`}
     cpu_s: float  # what the simulations took
+    table: Table | None = None  # the phased plan's counts (by job id), if one was searched
 
 
 def predict(setup: Forward) -> Prediction:
@@ -290,24 +299,54 @@ def predict(setup: Forward) -> Prediction:
     predicted, ends = {}, {}
     # adaptive itself, its look-ahead and all, where that look-ahead is affordable: a few jobs
     small = ((FIRST, partial(_policy, FIRST)),) if len(setup.ids) <= PLAN_JOBS else ()
-    for name, make in (*small, *CANDIDATES):
+
+    def play(name: str, policy: Policy) -> None:
         try:
-            r = Simulator(setup.book, make(),
+            r = Simulator(setup.book, policy,
                           setup.book.gpus_per_node, setup.nodes).run(setup.arrivals,
                                                                      setup.running)
         except (WorkloadError, RuntimeError):
-            continue  # a candidate that cannot place these jobs (or runs away)
+            return  # a candidate that cannot place these jobs (or runs away)
         done = [r.jobs[i].completion for i in range(1, len(setup.ids) + 1)]
         predicted[name] = (sum(done) / len(done), max(done))
         ends[name] = dict(zip(setup.ids, done, strict=True))
-    return Prediction(setup.at, predicted, ends, time.process_time() - started)
+
+    for name, make in (*small, *CANDIDATES):
+        play(name, make())
+    # the phased plan nearest the best the others reach on both figures, played as they are
+    table = _phased_table(setup, predicted)  # by the simulation's job numbers (1, 2, ...)
+    if table:
+        play(PHASED, Phased(table))
+    live = {frozenset(setup.ids[i - 1] for i in left): {setup.ids[i - 1]: k
+                                                        for i, k in counts.items()}
+            for left, counts in table.items()} if table else None
+    return Prediction(setup.at, predicted, ends, time.process_time() - started, live)
+
+
+def _phased_table(setup: Forward, predicted: dict[str, tuple[float, float]]) -> Table:
+    """The phased plan of a simulation of a few malleable single-node jobs on one node,
+    none waiting for another ({} for any other), against the best of `predicted`."""
+    if setup.nodes != 1 or not 0 < len(setup.ids) <= PHASED_JOBS or any(
+            a.spec.gpus is not None or a.spec.nodes != 1 or a.spec.nodes_min or a.spec.after
+            for a in setup.arrivals):
+        return {}
+    jobs = [PhaseJob(i, setup.book.lookup(a.spec.model), float(a.spec.steps),
+                     len(setup.running[i].placement.gpus) if i in setup.running else 0)
+            for i, a in enumerate(setup.arrivals, start=1)]
+    if any(i in setup.running and setup.running[i].placement.share != 1 for i in
+           range(1, len(jobs) + 1)):
+        return {}
+    reference = (min(j for j, _ in predicted.values()),
+                 min(m for _, m in predicted.values())) if predicted else None
+    return search(jobs, setup.book.gpus_per_node, setup.jct_weight, reference)
 
 
 def _ks(seconds: float) -> str:
     return f"{seconds / 1000:.1f} ks" if seconds >= 1000 else f"{seconds:.0f} s"
 
 
-def _forward(state: State, now: float, waiting: int) -> Forward | None:
+def _forward(state: State, now: float, waiting: int,
+             jct_weight: float = 0.5) -> Forward | None:
     """The simulation that starts from `state` at `now`, with the running jobs and the first
     `waiting` waiting ones; None where it cannot be made."""
     from marbled.core.spec import JobSpec
@@ -358,7 +397,7 @@ def _forward(state: State, now: float, waiting: int) -> Forward | None:
                                     for n, gs in p.others), p.share)
             running[position[job_id]] = Underway(moved, job.role, started, trains)
     return Forward(now, arrivals, running, ids, ProfileBook("what-if", sizes.pop(), curves),
-                   len(state.nodes))
+                   len(state.nodes), jct_weight)
 
 
 __all__ = ["CANDIDATES", "Plan", "WhatIfPolicy"]
