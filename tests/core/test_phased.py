@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marbled.core.model import State
+from marbled.core.model import Job, JobState, State
 from marbled.core.policy import get_policy
 from marbled.core.policy.phased import Phased, PhaseJob, _schedules, search
 from marbled.core.policy.whatif import PHASED, Prediction, WhatIfPolicy
@@ -201,3 +201,19 @@ def test_a_prediction_with_a_phased_plan_crosses_to_the_broker(book):
     table = planner._policies[PHASED].table
     assert pickle.loads(pickle.dumps(Prediction(0.0, {}, {}, 0.0, table))).table == table
     assert planner._policies[PHASED].jobs == {1, 2, 3, 4}
+
+
+def test_a_job_the_plan_holds_back_says_which_ends_it_waits_for():
+    # B runs on 2 GPUs only: A first on both, B once it ends (the FIFO keeps B behind A)
+    a, b = PhaseJob(1, linear("a"), 300.0), PhaseJob(2, ThroughputCurve("b", (None, 2.0)), 100.0)
+    table = search([a, b], 2, jct_weight=0.5)
+    assert table[frozenset({1, 2})] == {1: 2}
+    state = State.single_node(2)
+    state.submit(Job(1, 2, True, curve=a.curve, steps_left=300.0))
+    state.submit(Job(2, 2, True, curve=b.curve, steps_left=100.0))
+    policy = Phased(table)
+    for action in policy.decide(state, 0.0):
+        state.apply(action)
+    assert state.jobs[1].state is JobState.RUNNING and len(state.jobs[1].gpus) == 2
+    assert policy.explain(state.jobs[2], state, 0.0) == (
+        "waits for its phase of the planner's phased plan: it starts once job 1 end")

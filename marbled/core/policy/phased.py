@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from marbled.core.model import Start, State, Suspend
+from marbled.core.model import Job, Start, State, Suspend
 from marbled.core.policy.base import Policy, fifo_candidates, resizing, role_for, settled
 from marbled.core.policy.malleable import MalleableEquipartition
 from marbled.core.profiles import ThroughputCurve
@@ -172,6 +172,19 @@ class Phased(Policy):
                 starts.append(Start(job.id, node, tuple(free[:k]), role_for(job, k)))
                 free = free[k:]
         return starts
+
+    def why_waiting(self, job: Job, state: State, now: float) -> str:
+        counts = self._counts(state)
+        if counts is None or job.id in counts or job.id not in self.jobs:
+            return super().why_waiting(job, state, now)
+        left = frozenset(i for i in self.jobs if not state.outcome(i).finished)
+        # its phase: the soonest of the plan's later phases that gives it GPUs
+        phase = max((k for k, c in self.table.items() if k < left and job.id in c),
+                    key=len, default=None)
+        if phase is None:
+            return super().why_waiting(job, state, now)
+        first = ", ".join(f"job {i}" for i in sorted(left - phase))
+        return f"waits for its phase of the planner's phased plan: it starts once {first} end"
 
     def next_decision(self, state: State, now: float) -> float | None:
         counts = self._counts(state)
