@@ -216,4 +216,4 @@ def test_a_job_the_plan_holds_back_says_which_ends_it_waits_for():
         state.apply(action)
     assert state.jobs[1].state is JobState.RUNNING and len(state.jobs[1].gpus) == 2
     assert policy.explain(state.jobs[2], state, 0.0) == (
-        "waits for its phase of the planner's phased plan: it starts once job 1 end")
+        "waits for its phase of the planner's phased plan: it starts once job 1 ends")

@@ -183,8 +183,10 @@ class Phased(Policy):
                     key=len, default=None)
         if phase is None:
             return super().why_waiting(job, state, now)
-        first = ", ".join(f"job {i}" for i in sorted(left - phase))
-        return f"waits for its phase of the planner's phased plan: it starts once {first} end"
+        first = sorted(left - phase)
+        ends = f"job {first[0]} ends" if len(first) == 1 else \
+            f"jobs {', '.join(map(str, first))} end"
+        return f"waits for its phase of the planner's phased plan: it starts once {ends}"
 
     def next_decision(self, state: State, now: float) -> float | None:
         counts = self._counts(state)
