@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marbled.core.model import Job, JobState, State
+from marbled.core.model import Job, JobState, Role, Start, State
 from marbled.core.policy import get_policy
 from marbled.core.policy.phased import Phased, PhaseJob, _schedules, search
 from marbled.core.policy.whatif import PHASED, Prediction, WhatIfPolicy
@@ -217,3 +217,14 @@ def test_a_job_the_plan_holds_back_says_which_ends_it_waits_for():
     assert state.jobs[1].state is JobState.RUNNING and len(state.jobs[1].gpus) == 2
     assert policy.explain(state.jobs[2], state, 0.0) == (
         "waits for its phase of the planner's phased plan: it starts once job 1 ends")
+
+
+def test_a_job_waiting_for_the_runs_the_plan_moves_says_so():
+    table = {frozenset({1, 2}): {1: 1, 2: 1}, frozenset({1}): {1: 2}, frozenset({2}): {2: 2}}
+    state = State.single_node(2)
+    state.submit(Job(1, 2, True, curve=linear("a"), steps_left=300.0))
+    state.submit(Job(2, 2, True, curve=linear("b"), steps_left=100.0))
+    state.apply(Start(1, next(iter(state.nodes)), (0, 1), Role.PRIMARY))  # on both: off plan
+    assert Phased(table).explain(state.jobs[2], state, 0.0) == (
+        "starts on 1 GPU, its count in the planner's phased plan, once the runs the plan "
+        "moves have stopped")

@@ -30,6 +30,7 @@ from marbled.core.model import Job, Start, State, Suspend
 from marbled.core.policy.base import Policy, fifo_candidates, resizing, role_for, settled
 from marbled.core.policy.malleable import MalleableEquipartition
 from marbled.core.profiles import ThroughputCurve
+from marbled.core.target import gpus_text
 
 # jobs a search takes. 4 jobs, in FIFO order: about 500 schedules on 4 GPUs (6 ms of CPU),
 # 5,600 on 6 (64 ms), 33,000 on 8 (0.4 s); 3 jobs on 8 GPUs: 480 (5 ms)
@@ -175,7 +176,12 @@ class Phased(Policy):
 
     def why_waiting(self, job: Job, state: State, now: float) -> str:
         counts = self._counts(state)
-        if counts is None or job.id in counts or job.id not in self.jobs:
+        if counts is None or job.id not in self.jobs:
+            return super().why_waiting(job, state, now)
+        if job.id in counts:
+            if any(len(j.gpus) != counts.get(j.id, 0) for j in state.engaged()):
+                return (f"starts on {gpus_text(counts[job.id])}, its count in the planner's "
+                        "phased plan, once the runs the plan moves have stopped")
             return super().why_waiting(job, state, now)
         left = frozenset(i for i in self.jobs if not state.outcome(i).finished)
         # its phase: the soonest of the plan's later phases that gives it GPUs
