@@ -228,3 +228,14 @@ def test_a_job_waiting_for_the_runs_the_plan_moves_says_so():
     assert Phased(table).explain(state.jobs[2], state, 0.0) == (
         "starts on 1 GPU, its count in the planner's phased plan, once the runs the plan "
         "moves have stopped")
+
+
+def test_a_planned_job_gone_from_the_broker_counts_as_ended():
+    """A job of the plan that the broker withdrew (its row refused): the plan goes on with
+    the jobs left, as if it had ended."""
+    a, b = PhaseJob(1, linear("a"), 100.0), PhaseJob(2, linear("b"), 300.0)
+    table = search([a, b], 2, jct_weight=0.5)
+    state = State.single_node(2)
+    state.submit(Job(2, 2, True, curve=b.curve, steps_left=300.0))  # job 1 is no more
+    (start,) = Phased(table).decide(state, 0.0)
+    assert (start.job, len(start.gpus)) == (2, table[frozenset({2})][2])

@@ -149,8 +149,12 @@ class Phased(Policy):
                 j.id not in self.jobs for j in state.engaged()) or next(
                 (j for j in state.waiting() if j.id not in self.jobs), None) is not None:
             return None
-        left = frozenset(i for i in self.jobs if not state.outcome(i).finished)
-        return self.table.get(left)
+        return self.table.get(self._left(state))
+
+    def _left(self, state: State) -> frozenset[int]:
+        """The plan's jobs not ended (a job gone from the broker, withdrawn, has ended)."""
+        return frozenset(i for i in self.jobs
+                         if (s := state.outcome(i)) is not None and not s.finished)
 
     def choose(self, state: State, now: float) -> list:
         engaged = state.engaged()
@@ -183,7 +187,7 @@ class Phased(Policy):
                 return (f"starts on {gpus_text(counts[job.id])}, its count in the planner's "
                         "phased plan, once the runs the plan moves have stopped")
             return super().why_waiting(job, state, now)
-        left = frozenset(i for i in self.jobs if not state.outcome(i).finished)
+        left = self._left(state)
         # its phase: the soonest of the plan's later phases that gives it GPUs
         phase = max((k for k, c in self.table.items() if k < left and job.id in c),
                     key=len, default=None)
