@@ -1,9 +1,10 @@
 """Phased: GPU counts for a few jobs, searched over every schedule, followed phase by phase.
 
 Each policy of the zoo makes one kind of schedule; for a handful of malleable jobs on one
-node (a set submitted together, a quiet queue) the best for the objective is often none
-of them: on 4-job sets the zoo's best makespan and best mean JCT came from different
-policies, 3.6-4.6 % apart on the other figure, where a schedule within 2 % of both existed.
+node (a set submitted together, a quiet queue) the best for the objective may be none of
+them: on 4-job sets the zoo's best makespan and best mean JCT often come from different
+policies, each 3.5-5 % behind on the other figure, where a schedule near both exists
+(docs/simulator.md says how often, with the FIFO kept and without).
 `search` enumerates the schedules that change counts only when a job ends: a phase gives
 each unfinished job a count (0: it waits) and lasts until the first of them ends; a job
 whose count changes pays its curve's suspend and start-up (a start waits for the
@@ -116,6 +117,11 @@ def _schedules(jobs: list[PhaseJob], gpus: int) -> Iterator[tuple[float, float, 
                       {j.id: j.gpus for j in jobs if j.gpus}, {}, {})
 
 
+def _move(gpus: int) -> str:
+    return f"the phased plan gives it {gpus_text(gpus)} now" if gpus else \
+        "the phased plan has it wait now"
+
+
 def _in_fifo_order(live: list[int], now: Counts, given: Counts) -> bool:
     """Do the jobs a phase starts (or starts again on a new count) come, in FIFO order,
     before every job it leaves waiting? A plan keeps the FIFO as every policy does: a job
@@ -164,8 +170,8 @@ class Phased(Policy):
         self.following = self.name if counts is not None else self._fallback.name
         if counts is None:
             return self._fallback.choose(state, now)
-        moves = [Suspend(j.id, None, f"the plan gives it {counts.get(j.id, 0)} GPUs now")
-                 for j in engaged if len(j.gpus) != counts.get(j.id, 0) and settled(j, now)]
+        moves = [Suspend(j.id, None, _move(counts.get(j.id, 0))) for j in engaged
+                 if len(j.gpus) != counts.get(j.id, 0) and settled(j, now)]
         if moves or any(len(j.gpus) != counts.get(j.id, 0) for j in engaged):
             return moves  # the starts follow on the GPUs they leave
         (node,) = state.nodes
