@@ -21,7 +21,7 @@ done or not true to the exit. With --slurm-job J every command is a job step of 
 running Slurm job J (e.g. `salloc --no-shell --gres=gpu:6 -c 12`), the broker outside it.
 
     .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
-        [--time-scale 0.2] [--max-gap 0.8] [--policy marble]
+        [--time-scale 0.2] [--max-gap 0.8] [--policy marble] [--broker-flags FLAGS]
     .venv/bin/python benchmarks/fault_injection.py --plain 300 --kills 10 --seed 1 2
     .venv/bin/python benchmarks/fault_injection.py --plain 60 --kills 5 --slurm-job J
     .venv/bin/python benchmarks/fault_injection.py --disk-full 5 --plain 60 --seed 1 2
@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import sqlite3
 import statistics
@@ -70,6 +71,7 @@ class ChaosResult:
     restarts: list[float] = field(default_factory=list)  # seconds until a new broker serves
     adopted: int = 0
     runs: int = 0
+    suspensions: int = 0  # suspend requests (only kills here: each a policy's)
     violations: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -86,6 +88,7 @@ def workload(logs: Path, time_scale: float) -> list[dict]:
 
 
 _brokers: list[subprocess.Popen] = []  # the brokers started, for `left_clean`
+BROKER_FLAGS: list[str] = []  # more marbled flags for every broker (--broker-flags)
 
 
 def start(state: Path, time_scale: float, slurm_job: str | None = None,
@@ -94,10 +97,11 @@ def start(state: Path, time_scale: float, slurm_job: str | None = None,
     job `slurm_job`) with `policy`; how long it took to serve."""
     t0 = time.monotonic()
     if slurm_job:
-        proc = start_broker(state, policy, None, time_scale, ("--launcher", "slurm"),
+        proc = start_broker(state, policy, None, time_scale,
+                            ("--launcher", "slurm", *BROKER_FLAGS),
                             {**os.environ, "SLURM_JOB_ID": slurm_job})
     else:
-        proc = start_broker(state, policy, 6, time_scale)
+        proc = start_broker(state, policy, 6, time_scale, tuple(BROKER_FLAGS))
     _brokers.append(proc)
     return proc, time.monotonic() - t0
 
@@ -173,6 +177,8 @@ def check(state: Path, jobs: list[dict], logs: Path, result: ChaosResult) -> Non
     rows = {r["id"]: r for r in con.execute("SELECT * FROM jobs")}
     runs = list(con.execute("SELECT * FROM runs ORDER BY id"))
     result.runs = len(runs)
+    result.suspensions = con.execute("SELECT count(*) FROM events WHERE kind = "
+                                     "'suspend-requested'").fetchone()[0]
     result.adopted = con.execute("SELECT count(*) FROM events WHERE kind = 'adopted'"
                                  ).fetchone()[0]
     for job_id, job in enumerate(jobs, start=1):
@@ -417,13 +423,16 @@ def main() -> None:
                     help="with --plain: every run a job step of the running Slurm job J "
                          "(srun), not a process on 6 emulated GPUs")
     ap.add_argument("--policy", default="marble", choices=sorted(POLICIES),
-                    help="every broker's policy, with its defaults (kills, --plain and "
-                         "--disk-full): e.g. "
-                         "malleable, which reshapes runs at every arrival and end")
+                    help="every broker's policy (kills, --plain and --disk-full)")
+    ap.add_argument("--broker-flags", default="", metavar="FLAGS",
+                    help="more marbled flags for every broker, e.g. --policy malleable "
+                         "--broker-flags '--preempt-guard 0': malleable then reshapes runs "
+                         "of any length (with its 300 s guard, none of these job sets')")
     ap.add_argument("--disk-full", type=int, default=0, metavar="N",
                     help="fill the state directory's disk (a tmpfs: as root) N times while "
                          "the job sets and --plain commands run, instead of kills")
     args = ap.parse_args()
+    BROKER_FLAGS[:] = shlex.split(args.broker_flags)
     summaries = []
     if args.disk_full:
         for seed in args.seed:
@@ -461,6 +470,7 @@ def main() -> None:
                       (0.05, args.max_gap), args.policy)
         summaries.append({
             "seed": seed, "kills": r.kills, "runs": r.runs, "adopted": r.adopted,
+            "suspensions": r.suspensions,
             "seconds": round(r.seconds, 1),
             "restart_median_s": round(statistics.median(r.restarts), 3) if r.restarts else None,
             "restart_max_s": round(max(r.restarts), 3) if r.restarts else None,

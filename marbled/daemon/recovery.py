@@ -70,8 +70,11 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         run = open_runs.get(row.id)
         parts = placement_parts(run.node, run.gpu_ids) if run is not None else []
         if state.holds_gpus and parts and all(n in nodes for n, _ in parts):
+            # when its run started, as the broker that launched it knew: a policy moves a
+            # run (promotes, reshapes, slices) only once it has run a while (`settled`)
             add(replace(job, state=state, role=Role(run.role), placement=Placement(
-                *parts[0], tuple(parts[1:]), run.share)), job_spec(row, environments), row.step)
+                *parts[0], tuple(parts[1:]), run.share), run_started=run.started_at),
+                job_spec(row, environments), row.step)
             expect(job.id, run.started_at, run.start_step or 0, len(parts[0][1]), run.share)
             _adopt(runs, job.id, state, run)
             continue

@@ -341,3 +341,29 @@ async def test_user_suspension_is_recorded_with_its_reason(tmp_path, reason):
         h.broker.suspend(job)
         (asked,) = [e for e in h.store.events(job) if e.kind == "suspend-requested"]
         assert asked.data["reason"] == reason
+
+
+@in_loop
+async def test_a_secondary_adopted_at_a_restart_is_promoted_when_gpus_free_up(tmp_path):
+    """MARBLE's promotion after a crash: a run the new broker adopts keeps when it started,
+    so a policy may move it once it has run a reshape's cost. Before, an adopted run had no
+    start for the policies (`run_started` None): marble never promoted an adopted secondary,
+    malleable and adaptive never reshaped an adopted run, until it ended."""
+    store = Store(None)
+    async with running_broker(tmp_path, store=store) as h:
+        first = h.submit(command=["a"], model="inception-v3", steps=10**6)  # 4 GPUs
+        second = h.submit(command=["b"], model="inception-v3", steps=10**6)
+        await pump()
+        assert len(h.job(first).gpus) == 4 and len(h.job(second).gpus) == 2  # a secondary
+        for run in h.launcher.runs:
+            run.report(10, at=h.clock.time())
+    # the broker died (no drain); the next one adopts both runs
+    launcher = FakeLauncher(adopt_alive=True)
+    async with running_broker(tmp_path, store=store, launcher=launcher) as h:
+        assert h.job(second).run_started is not None
+        await h.clock.advance(600)
+        primary, secondary = launcher.runs
+        primary.exit(0)  # the primary ends: its 4 GPUs are free
+        await pump()
+        assert secondary.signals == ["SIGTSTP"]  # promoted: to its checkpoint, then on 4
+        assert h.job(second).resume_on is not None and len(h.job(second).resume_on.gpus) == 4
