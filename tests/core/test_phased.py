@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marbled.core.model import Job, JobState, Role, Start, State
-from marbled.core.policy import get_policy
 from marbled.core.policy.phased import Phased, PhaseJob, _schedules, search
 from marbled.core.policy.whatif import PHASED, Prediction, WhatIfPolicy
 from marbled.core.profiles import ProfileBook, ThroughputCurve
@@ -126,24 +125,32 @@ def test_the_planner_adopts_a_phased_plan_where_it_is_predicted_best(book):
         if plan.driver == PHASED:
             adopted.append(seed)
             assert "phased" in planner.plan_line()
-    assert adopted  # it is best somewhere (6 of these 10 sets when written)
+    assert adopted  # it is best somewhere (2 of these 10 sets when written: 8 and 9)
 
 
 def test_every_job_ends_once_under_phased_plans_with_arrivals(book):
-    """An open queue on one node: phased plans while a few jobs are known, the fallback
-    between plans; every job trains its steps to its end, in runs that follow each other."""
+    """An open queue on one node: a phased plan drives the 4 jobs known first, a fifth comes
+    that the plan does not know (the planner plans again at once); every job trains its
+    steps to its end, in runs that follow each other."""
+    drivers = []
+
+    class Recorded(WhatIfPolicy):
+        def _adopt(self, prediction):
+            super()._adopt(prediction)
+            drivers.append(self.driver)
+
     arrivals = [Arrival(t, JobSpec(emulate=True, model=m, steps=s)) for t, m, s in (
-        (0.0, "resnet-50", 4000), (0.0, "alexnet", 9000), (600.0, "vgg-16", 3000),
-        (650.0, "lenet", 20000), (4000.0, "inception-v3", 5000))]
-    planner = get_policy("whatif", plan_every=60.0)
+        (0.0, "alexnet", 9231), (0.0, "vgg-16", 1105), (0.0, "resnet-50", 2297),
+        (0.0, "vgg-16", 1135), (200.0, "inception-v3", 3000))]
+    planner = Recorded(plan_every=60.0)
     r = Simulator(book, planner, 4, 1, 10.0, 10.0).run(arrivals)
+    assert drivers[0] == PHASED and len(drivers) >= 2
     assert sorted(r.jobs) == [1, 2, 3, 4, 5]
     for job_id, stats in r.jobs.items():
         runs = sorted((run for run in r.runs if run.job == job_id), key=lambda run: run.start)
         assert runs[0].start_step == 0 and runs[-1].end_step == stats.steps
         assert runs[-1].reason == "done" and runs[-1].end == stats.completion
         assert all(x.end_step == y.start_step for x, y in zip(runs, runs[1:], strict=False))
-    assert planner.plans >= 3
 
 
 class _Checked(Phased):

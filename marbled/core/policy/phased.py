@@ -28,7 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from marbled.core.model import Job, Start, State, Suspend
-from marbled.core.policy.base import Policy, fifo_candidates, resizing, role_for, settled
+from marbled.core.policy.base import (
+    Policy,
+    fifo_candidates,
+    reshape_cost,
+    resizing,
+    role_for,
+    settled,
+)
 from marbled.core.policy.malleable import MalleableEquipartition
 from marbled.core.profiles import ThroughputCurve
 from marbled.core.target import gpus_text
@@ -209,7 +216,7 @@ class Phased(Policy):
         if counts is None:
             return self._fallback.next_decision(state, now)
         # a run too young to move (`settled`) is moved once it has run a reshape's cost
-        due = [j.run_started + (j.curve.startup_s or 0.0) + (j.curve.suspend_s or 0.0)
-               for j in state.engaged() if len(j.gpus) != counts.get(j.id, 0)
-               and j.run_started is not None and j.curve is not None and not settled(j, now)]
+        due = [j.run_started + reshape_cost(j) for j in state.engaged()
+               if len(j.gpus) != counts.get(j.id, 0) and j.run_started is not None
+               and not settled(j, now)]
         return min(due, default=None)

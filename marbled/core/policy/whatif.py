@@ -92,7 +92,7 @@ CANDIDATES: tuple[tuple[str, Callable[[], Policy]], ...] = (
     *((name, partial(_policy, name)) for name in ("malleable", "elastic", "marble", "moldable",
                                                    "rigid")))
 FIRST = "adaptive"  # drives until a plan is made (with its own look-ahead)
-PHASED = "phased"  # a plan searched over every schedule of a few jobs (`phased.py`)
+PHASED = Phased.name  # a plan searched over every schedule of a few jobs (`phased.py`)
 ORDER = {name: i for i, name in enumerate((FIRST, *(c for c, _ in CANDIDATES), PHASED))}
 POLL_S = 0.5  # how soon to look again for a plan made in the background
 ERRORS_KEPT = 64  # the past predictions whose error is the hysteresis
@@ -328,14 +328,12 @@ def _phased_table(setup: Forward, predicted: dict[str, tuple[float, float]]) -> 
     none waiting for another ({} for any other), against the best of `predicted`."""
     if setup.nodes != 1 or not 0 < len(setup.ids) <= PHASED_JOBS or any(
             a.spec.gpus is not None or a.spec.nodes != 1 or a.spec.nodes_min or a.spec.after
-            for a in setup.arrivals):
+            for a in setup.arrivals) or any(
+            u.placement.share != 1 for u in setup.running.values()):
         return {}
     jobs = [PhaseJob(i, setup.book.lookup(a.spec.model), float(a.spec.steps),
                      len(setup.running[i].placement.gpus) if i in setup.running else 0)
             for i, a in enumerate(setup.arrivals, start=1)]
-    if any(i in setup.running and setup.running[i].placement.share != 1 for i in
-           range(1, len(jobs) + 1)):
-        return {}
     reference = (min(j for j, _ in predicted.values()),
                  min(m for _, m in predicted.values())) if predicted else None
     return search(jobs, setup.book.gpus_per_node, setup.jct_weight, reference)
