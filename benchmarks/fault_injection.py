@@ -14,11 +14,13 @@ runs the queue to its end. Then, from the step logs and the broker's database:
   * no run is left open, and PRAGMA integrity_check is ok.
 
 With --plain N it runs N plain commands instead (`sh -c 'echo start; sleep 0.3; echo end'`,
-no worker protocol, each appending a line to its own file when it completes), --kills
-kills spread over them, and prints how many completed twice (I2 of docs/lifecycle.md: a
-command completes at most once), how many never did, and the records that are not
-done or not true to the exit. With --slurm-job J every command is a job step of the
-running Slurm job J (e.g. `salloc --no-shell --gres=gpu:6 -c 12`), the broker outside it.
+no worker protocol, each appending a line to its own files as it begins and as it
+completes), --kills kills spread over them, and prints how many completed twice (I2 of
+docs/lifecycle.md: a command completes at most once), how many began twice (none may: a
+run outlives its broker, and one is run again only when it never began), how many never
+completed, and the records that are not done or not true to the exit. With --slurm-job J
+every command is a job step of the running Slurm job J (e.g. `salloc --no-shell
+--gres=gpu:6 -c 12`), the broker outside it.
 
     .venv/bin/python benchmarks/fault_injection.py [--kills 300] [--seed 1 [2 ...]]
         [--time-scale 0.2] [--max-gap 0.8] [--policy marble] [--broker-flags FLAGS]
@@ -220,6 +222,7 @@ class PlainResult:
     kills: int = 0
     adopted: int = 0  # runs a new broker adopted (alive or ended)
     completed_twice: int = 0  # jobs whose command ran to its end more than once
+    started_twice: int = 0  # jobs whose command began more than once (runs outlive brokers)
     never_completed: int = 0
     runs: int = 0
     violations: list[str] = field(default_factory=list)
@@ -227,10 +230,18 @@ class PlainResult:
 
 
 def plain_workload(marks: Path, n: int, sleep: float = 0.3) -> list[dict]:
-    """`n` plain commands; each appends a line to its own file in `marks` as it completes."""
+    """`n` plain commands; each appends a line to its own files in `marks` as it begins
+    (`i.start`) and as it completes (`i.done`)."""
     return [{"name": f"plain{i}", "gpus": 1, "command": [
-        "sh", "-c", f"echo start; sleep {sleep}; echo end; echo done >> {marks}/{i}.done"]}
+        "sh", "-c", f"echo start >> {marks}/{i}.start; echo start; sleep {sleep}; echo end; "
+                    f"echo done >> {marks}/{i}.done"]}
         for i in range(1, n + 1)]
+
+
+def marked(marks: Path, i: int, kind: str) -> int:
+    """How many times plain command `i` wrote its `kind` mark ("start" or "done")."""
+    mark = marks / f"{i}.{kind}"
+    return len(mark.read_text().split()) if mark.exists() else 0
 
 
 def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
@@ -265,9 +276,9 @@ def plain_chaos(state: Path, n: int, kills: int, seed: int = 0,
     result.adopted = con.execute("SELECT count(*) FROM events WHERE kind = 'adopted'"
                                  ).fetchone()[0]
     for job_id in range(1, n + 1):
-        mark = marks / f"{job_id}.done"
-        times = len(mark.read_text().split()) if mark.exists() else 0
+        times = marked(marks, job_id, "done")
         result.completed_twice += times > 1
+        result.started_twice += marked(marks, job_id, "start") > 1
         result.never_completed += times == 0
         row = rows.get(job_id)
         if row is None or row["state"] != "done":
@@ -286,6 +297,7 @@ class DiskResult:
     broker_died: int = 0  # the broker exited while the disk was full (I4: it must not)
     recovered_s: list[float] = field(default_factory=list)  # freed -> submissions accepted
     completed_twice: int = 0  # plain commands that ran to their end more than once
+    started_twice: int = 0  # plain commands that began more than once
     held_by_nothing_s: float = 0.0  # GPU-seconds a run was recorded running after its exit
     chaos: ChaosResult = field(default_factory=ChaosResult)
 
@@ -367,8 +379,9 @@ def _fill_while_running(state: Path, logs: Path, marks: Path, fills: int, plain:
     first_plain = len(jobs) + 1
     for i in range(1, plain + 1):
         mark = marks / f"{i}.done"
-        times = len(mark.read_text().split()) if mark.exists() else 0
+        times = marked(marks, i, "done")
         result.completed_twice += times > 1
+        result.started_twice += marked(marks, i, "start") > 1
         if times == 0:
             result.chaos.violations.append(f"plain command {i} never completed")
         (ended,) = con.execute("SELECT max(ended_at) FROM runs WHERE job_id = ?",
@@ -444,12 +457,12 @@ def main() -> None:
                 "accepted_while_full": d.accepted_full, "broker_died": d.broker_died,
                 "recovered_median_s": round(statistics.median(d.recovered_s), 2)
                 if d.recovered_s else None, "runs": d.chaos.runs,
-                "completed_twice": d.completed_twice,
+                "completed_twice": d.completed_twice, "started_twice": d.started_twice,
                 "gpu_seconds_held_by_nothing": round(d.held_by_nothing_s, 2),
                 "seconds": round(d.chaos.seconds, 1), "violations": d.chaos.violations[:20]})
             print(json.dumps(summaries[-1], indent=1), flush=True)
-        sys.exit(1 if any(s["violations"] or s["completed_twice"] or s["broker_died"]
-                          for s in summaries) else 0)
+        sys.exit(1 if any(s["violations"] or s["completed_twice"] or s["started_twice"]
+                          or s["broker_died"] for s in summaries) else 0)
     if args.plain:
         for seed in args.seed:
             with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
@@ -459,10 +472,12 @@ def main() -> None:
             summaries.append({
                 "seed": seed, "jobs": args.plain, "kills": p.kills, "runs": p.runs,
                 "adopted": p.adopted, "completed_twice": p.completed_twice,
+                "started_twice": p.started_twice,
                 "never_completed": p.never_completed, "seconds": round(p.seconds, 1),
                 "violations": p.violations[:20]})
             print(json.dumps(summaries[-1], indent=1), flush=True)
-        sys.exit(1 if any(s["violations"] or s["completed_twice"] for s in summaries) else 0)
+        sys.exit(1 if any(s["violations"] or s["completed_twice"] or s["started_twice"]
+                          for s in summaries) else 0)
     for seed in args.seed:
         with tempfile.TemporaryDirectory(prefix="marble-chaos-") as tmp, \
                 left_clean(Path(tmp) / "state"):
