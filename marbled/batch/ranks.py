@@ -22,7 +22,9 @@ its own session, are not (docs/distributed.md). It
   suspension or been asked for one (rank 0 may still be saving; the broker's timeouts
   bound that). It exits as the failed
   rank did and leaves RANK_FAILURE in the job's directory, naming the rank;
-- outlives SIGTERM (its ranks get it too) to collect their exits and output;
+- outlives SIGTERM (its ranks get it too) to collect their exits and output, and ends
+  through os._exit: past sys.exit, the interpreter's finalization restores the default
+  action, and the stop's SIGTERM that comes as the ranks end would kill it (`_exit`);
 - records how the run ended in the run's exit file (`supervise.write_exit`), as the
   supervisor of any other local run does, for a broker that adopts the run after a restart;
 - prestarted (RANKS a count, MARBLE_STANDBY_FILE its go file): starts that many ranks, each
@@ -237,7 +239,7 @@ class _Ranks:
                 started.kill()
             print(f"marbled: cannot run {self.command[0]!r}: {exc.strerror}", file=sys.stderr)
             _record_exit(1)
-            sys.exit(1)
+            _exit(1)
         self.ranks[proc.pid] = rank
         self.procs.append(proc)
         for pipe, fd in ((proc.stdout, 1), (proc.stderr, 2)):
@@ -275,7 +277,7 @@ def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list, li
     if go is None:  # dropped, or no broker: no waiting rank may outlive the standby
         _kill_all_but_me(run.ranks)
         _remove(files)
-        sys.exit(0)
+        _exit(0)
     parts = tuple((node, tuple(devices)) for node, devices in go.pop("parts"))
     os.environ.update({k: str(v) for k, v in go.items()})  # the run's, for the ranks started now
     envs = local_rank_envs(parts)
@@ -306,6 +308,16 @@ def _record_exit(code: int) -> None:
             write_exit(run_dir, run_id, code)
         except OSError as exc:
             print(f"marbled: cannot record the exit of run {run_id}: {exc}", file=sys.stderr)
+
+
+def _exit(code: int) -> None:
+    """End now with `code`, not through the interpreter's finalization: it restores every
+    signal's default action first, and the group's SIGTERM of a stop that comes as the ranks
+    end would then kill this process after it recorded their exit (-15 for a run whose
+    ranks all completed: taken for one stopped, a plain command ran again)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str]) -> None:
@@ -349,7 +361,7 @@ def main(argv: list[str]) -> None:
         relay.join(timeout=1.0)
     if failed is None:
         _record_exit(0)
-        sys.exit(0)
+        _exit(0)
     rank, code = failed
     if os.environ.get("MARBLE_RUN_DIR"):
         atomic_write_json(Path(os.environ["MARBLE_RUN_DIR"]) / RANK_FAILURE,
@@ -360,7 +372,7 @@ def main(argv: list[str]) -> None:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
-    sys.exit(code if 0 < code < 256 else 1)
+    _exit(code if 0 < code < 256 else 1)
 
 
 if __name__ == "__main__":

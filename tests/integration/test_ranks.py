@@ -4,6 +4,7 @@ torchrun as a job's command, whose workers the broker's signals must reach."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -286,6 +287,31 @@ def test_ranks_that_end_at_once_are_all_seen_to_end(tmp_path):
     next Popen, and never seen to end)."""
     done = _ranks_process(tmp_path, 4, "true")
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_run_whose_ranks_completed_ends_0_through_the_sigterm_of_a_stop(tmp_path):
+    """The broker's stop (SIGTERM to the run's group) can come just as the ranks end. The
+    run's process outlives SIGTERM to collect their exits; it must still, having recorded
+    exit 0, end with 0: the interpreter's finalization restores the default actions first,
+    and a SIGTERM then killed it (-15), so a per-GPU plain command that had completed was
+    taken for one stopped and ran again (a hunt of kills and shutdowns under malleable on
+    two nodes found it). Here SIGTERMs come every 0.2 ms from the ranks' end to the run's."""
+    out = tmp_path / "ranks.txt"
+    envs = json.dumps([{"RANK": str(r)} for r in range(2)])
+    proc = subprocess.Popen([sys.executable, "-m", "marbled.batch.ranks", envs, "sh", "-c",
+                             f"echo $RANK >> {out}"], cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(out.read_text().split() if out.exists() else ()) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "the ranks never ran"
+        time.sleep(0.001)
+    storms = 0
+    while proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+            storms += 1
+        time.sleep(0.0002)
+    assert proc.wait() == 0, f"killed after its ranks completed ({storms} SIGTERMs sent)"
+    assert sorted(out.read_text().split()) == ["0", "1"]
 
 
 def test_the_run_ends_as_its_failed_rank_did(tmp_path):
