@@ -325,6 +325,12 @@ class Runs:
 
     def _exited(self, live: LiveRun, code: int | None) -> None:
         self.live.pop(live.job_id, None)
+        if code is None or code < 0:
+            # The process we watched (a run's supervisor, or a step command) may have been
+            # killed after its command had ended and been recorded: the record is what the
+            # command did (lifecycle I2); a 0 there is a completion, not a kill
+            recorded = self.files.exit_code(live.job_id, live.run_id)
+            code = code if recorded is None else recorded
         if live.acked is None:
             # It may have exited before we saw its marker -- or before a broker that
             # restarted knew it had been asked to suspend.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from marbled.batch.supervise import write_exit
 from marbled.core.model import JobState
 from marbled.store.db import Store
 from marbled.worker.protocol import PROGRESS_FILE
@@ -367,3 +368,28 @@ async def test_a_secondary_adopted_at_a_restart_is_promoted_when_gpus_free_up(tm
         await pump()
         assert secondary.signals == ["SIGTSTP"]  # promoted: to its checkpoint, then on 4
         assert h.job(second).resume_on is not None and len(h.job(second).resume_on.gpus) == 4
+
+
+@in_loop
+@pytest.mark.parametrize("recorded, state, runs", [
+    (0, JobState.DONE, 1),      # it completed: never run again (lifecycle I2)
+    (3, JobState.RUNNING, 2),   # it failed on its own: its code, not the kill; retried
+    (None, JobState.RUNNING, 2),  # nothing recorded: killed, retried
+])
+async def test_a_recorded_exit_outranks_the_kill_of_the_process_that_recorded_it(
+        tmp_path, recorded, state, runs):
+    """The run's supervisor records its command's exit, then is SIGKILLed before it exits
+    itself (a window of microseconds, so the test plays the supervisor: it writes the record
+    as `supervise.py` does and the FAKE run exits -9). The record is what the command did."""
+    async with running_broker(tmp_path) as h:
+        job = h.submit(command=["sh", "-c", "true"], gpus=1, retries=1)
+        await pump()
+        (run,) = h.launcher.runs
+        if recorded is not None:
+            write_exit(str(run.run_dir), run.run_id, recorded)
+        run.exit(-9)
+        await pump()
+        await h.clock.advance(60)  # past any retry's back-off
+        assert h.job(job).state is state
+        assert len(h.launcher.runs) == runs
+        assert h.runs(job)[0].exit_code == (-9 if recorded is None else recorded)
