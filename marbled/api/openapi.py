@@ -444,8 +444,15 @@ def _spec() -> dict:
                 "responses": _answer("the page", schema=_ref("LogPage"))}},
             "/v1/jobs/{job_id}/cancel": {"post": {"summary": "cancel a queued or running job",
                                                   "parameters": [JOB_ID],
-                                                  "responses": _answer("requested", "202",
-                                                                       schema=_requested("cancel"))}},
+                                                  "responses": _answer(
+                                                      "requested (recorded: a broker that dies "
+                                                      "before the job has stopped leaves the "
+                                                      "cancel to the next)", "202",
+                                                      ("503", "the broker cannot write its store "
+                                                              "now (GET /v1/status: `storage`): "
+                                                              "nothing was done; cancel again "
+                                                              "later"),
+                                                      schema=_requested("cancel"))}},
             "/v1/jobs/{job_id}/suspend": {"post": {"summary": "checkpoint a running job now",
                                                    "parameters": [JOB_ID],
                                                    "responses": _answer("requested", "202",

@@ -92,6 +92,10 @@ class Broker:
                 self.wake_at, self.state.ended_before)
         # jobs whose open run was settled as their end: they leave the state as any other
         self.intake.leaving += [job.id for job in self.state.jobs.values() if job.state.finished]
+        # cancels the last broker recorded and died before they were carried out (lifecycle I2)
+        for job_id in sorted(self.store.cancels_requested() & self.state.jobs.keys()):
+            if not self.state.jobs[job_id].state.finished:
+                self._cancel(job_id, "cancelled by the user (before a broker restart)")
         self.wake()
 
     # ------------------------------------------------------------ the loop
@@ -355,9 +359,13 @@ class Broker:
         state = self.intake.state_of(job_id)
         if state.finished:
             raise Never(f"job {job_id} has already ended ({state})")
-        if not self.runs.cancel(job_id):
-            self._finish(job_id, JobState.CANCELLED, "cancelled by the user")
+        self.ledger.cancel_requested(job_id, self.clock.time())  # on disk before it acts
+        self._cancel(job_id, "cancelled by the user")
         self.wake()
+
+    def _cancel(self, job_id: int, reason: str) -> None:
+        if not self.runs.cancel(job_id):
+            self._finish(job_id, JobState.CANCELLED, reason)
 
     async def drain(self, reason: str) -> None:
         """Suspend every running job to its checkpoint, record it, and stop."""

@@ -214,6 +214,18 @@ class Journal(SurvivesFaults):
         if waiting:
             self.on_failure(exc)
 
+    def committed(self, apply: Callable[[sqlite3.Connection], None], jobs: tuple[int, ...],
+                  refusal: str) -> None:
+        """Write `apply` (about `jobs`) with what waits, committed on return: a request
+        whose answer must outlive a crash. StoreRefused (`refusal`, after the store's fault),
+        with nothing of it held, if the store cannot take it now."""
+        if self.fault is not None:
+            raise StoreRefused(f"{refusal}: {self.fault}", jobs)
+        write = _Write(apply, jobs=jobs)
+        self._write(write)
+        if write.refused is not None:
+            raise StoreRefused(f"{refusal}: {self.fault}", jobs)
+
     def flush(self) -> None:
         """Commit what waits now; while the store cannot be written, try the held writes."""
         if not self._pending or self._depth or self._spilled:

@@ -193,6 +193,14 @@ class Ledger(Journal):
 
         self._write(_Write(apply))
 
+    def cancel_requested(self, job_id: int, at: float) -> None:
+        """The user's cancel, committed before the broker acts on it: a broker that dies before
+        the job has stopped leaves it to the next (`Store.cancels_requested`). StoreRefused,
+        and no cancel, while the store cannot be written."""
+        self.committed(lambda con: self._log(con, "cancel-requested", job_id, None, at),
+                       (job_id,), f"job {job_id} was not cancelled: the broker cannot record "
+                       "the cancel now (cancel again once the store can be written)")
+
     def suspend_requested(self, job_id: int, run_id: int, reason: str, at: float) -> None:
         """A broker that restarts now knows to expect the run's acknowledgement."""
         def apply(con: sqlite3.Connection) -> None:

@@ -335,6 +335,12 @@ class Store:
         """How many jobs are in each recorded state (ix_jobs_state: no row is read)."""
         return dict(self.writer().execute("SELECT state, count(*) FROM jobs GROUP BY state"))
 
+    def cancels_requested(self) -> set[int]:
+        """The jobs a user asked to cancel (`cancel-requested` events, ix_events_kind): ended
+        ones among them too, which the caller ignores."""
+        return {r[0] for r in self.writer().execute(
+            "SELECT job_id FROM events WHERE kind = 'cancel-requested'")}
+
     def job_ids(self, states: Collection[str], after: int) -> list[int]:
         """The ids above `after` of the jobs in one of `states`, ascending."""
         return [r[0] for r in self.writer().execute(

@@ -14,6 +14,7 @@ import functools
 import heapq
 import itertools
 import signal
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -65,6 +66,23 @@ class FakeClock:
                 await pump()
         self.now = target
         await pump()
+
+
+class FullDisk:
+    """The ledger's connection, whose commits fail while `full` as SQLite's fail on a full
+    disk (the transaction's statements ran; its commit could not be written)."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con, self.full, self.refused = con, False, 0
+
+    def commit(self) -> None:
+        if self.full:
+            self.refused += 1
+            raise sqlite3.OperationalError("database or disk is full")
+        self.con.commit()
+
+    def __getattr__(self, name: str):
+        return getattr(self.con, name)
 
 
 class FakeRun:

@@ -1,8 +1,9 @@
 """A stateful property test of a job's lifecycle (issue 30): hypothesis drives a real `Broker`
 (its policy, a SQLite store in a file, the protocol files on disk) through random
 interleavings of submissions of every kind of job, user suspensions and cancels, shutdowns
-and restarts, kill -9 of the broker and restarts, the clock, the jobs' own progress, exits
-and crashes, and bad requests; after every step it checks the invariants:
+and restarts, kill -9 of the broker and restarts, a full disk and its freeing (the store's
+commits fail as SQLite's do: tests/broker/fakes.FullDisk), the clock, the jobs' own
+progress, exits and crashes, and bad requests; after every step it checks the invariants:
 
 - I1 work is kept: a job that speaks the protocol is asked to checkpoint before any stop the
   broker makes, restores its newest checkpoint, and trains no step twice unless it was
@@ -43,15 +44,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal
+from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.spec import JobSpec
 from marbled.daemon.broker import Broker
 from marbled.daemon.config import BrokerConfig
+from marbled.daemon.storage_faults import StorageLost
 from marbled.resources import load_profile
 from marbled.store.db import Store
-from tests.broker.fakes import FakeClock, pump
+from tests.broker.fakes import FakeClock, FullDisk, pump
 from tests.broker.lifecycle_fakes import JobTruth, SimLauncher, World
 
 pytestmark = pytest.mark.broker
@@ -131,6 +133,7 @@ class Brokers:
         self.store: Store | None = None
         self.task: asyncio.Task | None = None
         self.draining: asyncio.Task | None = None
+        self.disk: FullDisk | None = None  # the up broker's store, while its disk is full
         self.log: list[str] = []  # what happened, for a failure's message
 
     def time(self) -> float:
@@ -176,7 +179,7 @@ class Brokers:
         for _, _, timer in self.clock._timers:
             timer.cancel()
         self.store.close()
-        self.broker = self.clock = self.store = self.task = self.draining = None
+        self.broker = self.clock = self.store = self.task = self.draining = self.disk = None
 
     def settle(self) -> None:
         """Let the broker act; a broker that stopped after a drain is gone, one that died of
@@ -184,6 +187,9 @@ class Brokers:
         self.do(pump())
         if self.task is not None and self.task.done():
             exc = None if self.task.cancelled() else self.task.exception()
+            if isinstance(exc, StorageLost) and self.disk is not None:
+                self.log.append(f"stopped with writes held: {exc}")  # saved for the next
+                exc = None
             if exc is not None or self.draining is None:
                 raise AssertionError(f"the broker stopped by itself: {exc!r}") from exc
             self.log.append("stopped after the drain")
@@ -196,6 +202,25 @@ class Brokers:
         else:
             self.do(self.clock.advance(seconds))
         self.settle()
+
+    def fill_disk(self) -> None:
+        """The state directory's disk fills: every commit of the broker's store fails."""
+        ledger = self.broker.ledger
+        self.disk = ledger.db = FullDisk(ledger.db)
+        self.disk.full = True
+        self.log.append("disk full")
+        self.settle()
+
+    def free_disk(self) -> None:
+        """Space returns; the store's retry (a timer of the loop's real time) comes now."""
+        self.disk.full = False
+        self.log.append("disk freed")
+        self.broker.ledger._try_again()
+        self.settle()
+
+    def holding_writes(self) -> bool:
+        """The up broker holds writes its store refused: the store lags its state (I4)."""
+        return self.broker.ledger.fault is not None
 
     def close(self) -> None:
         if self.broker is not None:
@@ -265,6 +290,8 @@ class Brokers:
         for _ in range(rounds):
             if self.broker is None:
                 self.start()
+            if self.disk is not None and self.disk.full:
+                self.free_disk()
             if not self.world.alive() and all(j.state.finished
                                               for j in self.broker.state.jobs.values()):
                 return
@@ -380,6 +407,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         try:
             self.b.submit(doc, kind=kind, protocol=protocol,
                           ticks=steps if protocol else PLAIN_TICKS)
+        except Unavailable as exc:  # the disk is full: 503, and nothing was accepted
+            assert self.b.disk is not None and self.b.disk.full, exc
+            self.b.log.append(f"submit {kind} refused: {exc}")
+            return
         except Refusal as exc:  # the policy cannot run it here: refused, as a bad request
             raise AssertionError(f"{kind} job {doc} refused: {exc}") from exc
         self.b.settle()
@@ -395,6 +426,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             b.submit(specs)
         except (Invalid, NotFound) as exc:
             self.b.log.append(f"refused {bad}: {exc}")
+        except Unavailable as exc:  # the disk is full: nothing is admitted now
+            assert self.b.disk is not None and self.b.disk.full, exc
         else:
             raise AssertionError(f"a bad request was accepted: {bad}")
         self.b.settle()
@@ -434,6 +467,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.b.log.append(f"cancel {job}")
         except Never:
             truth.cancelled = was
+        except Unavailable as exc:  # the disk is full: refused, and nothing done
+            assert self.b.disk is not None and self.b.disk.full, exc
+            truth.cancelled = was
+            self.b.log.append(f"cancel {job} refused: {exc}")
         self.b.settle()
 
     # ------------------------------------------------------------ the broker's life
@@ -449,6 +486,16 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule()
     def kill9(self):
         self.b.kill9()
+
+    @precondition(lambda self: self.up() and self.b.disk is None)
+    @rule()
+    def fill_disk(self):
+        self.b.fill_disk()
+
+    @precondition(lambda self: self.b.disk is not None and self.b.disk.full)
+    @rule()
+    def free_disk(self):
+        self.b.free_disk()
 
     @precondition(down)
     @rule()
@@ -506,7 +553,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def no_gpu_held_by_nothing(self):
         if self.b.broker is not None:
-            problems = self.b.held_by_nothing() + self.b.store_disagrees()
+            problems = self.b.held_by_nothing() + (
+                [] if self.b.holding_writes() else self.b.store_disagrees())
             assert not problems, "\n".join(problems + ["-- steps:", *self.b.log])
 
 

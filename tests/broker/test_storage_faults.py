@@ -23,27 +23,10 @@ from marbled.core.spec import JobSpec
 from marbled.daemon import ledger as ledger_module
 from marbled.daemon.views import Views
 from marbled.store.db import Store
-from tests.broker.fakes import FakeLauncher, in_loop, pump, running_broker
+from tests.broker.fakes import FakeLauncher, FullDisk, in_loop, pump, running_broker
 
 PAIR = {"gpus": 2, "command": ["train"]}  # three of them fill the 6 GPUs
 TRAIN = {"command": ["train"], "model": "resnet-50", "steps": 1000}  # 3 GPUs, checkpoints
-
-
-class FullDisk:
-    """The ledger's connection, whose commits fail while `full` as SQLite's fail on a full
-    disk (the transaction's statements ran; its commit could not be written)."""
-
-    def __init__(self, con: sqlite3.Connection):
-        self.con, self.full, self.refused = con, False, 0
-
-    def commit(self) -> None:
-        if self.full:
-            self.refused += 1
-            raise sqlite3.OperationalError("database or disk is full")
-        self.con.commit()
-
-    def __getattr__(self, name: str):
-        return getattr(self.con, name)
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +87,10 @@ async def test_a_full_disk_holds_the_ends_refuses_submissions_and_recovers_by_it
         with pytest.raises(Unavailable, match="disk is full"):
             h.broker.submit_grouped([JobSpec.from_mapping(PAIR)])
         assert len(h.launcher.runs) == 3
+        # So is a cancel: its record must outlive a crash (a job cancelled and run again)
+        with pytest.raises(Unavailable, match="was not cancelled.*disk is full"):
+            h.broker.cancel(ids[2])
+        assert not third.signals and h.job(ids[2]).state is JobState.RUNNING
         await asyncio.sleep(0.1)  # retries, refused
         assert disk.refused >= 3 and ledger.fault and not h.task.done()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -156,3 +157,44 @@ def test_plain_commands_through_random_kills_complete_once(tmp_path):
     assert result.violations == []
     assert (result.completed_twice, result.started_twice, result.never_completed) == (0, 0, 0)
     assert result.adopted >= 5
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_cancel_the_broker_died_before_carrying_out_is_carried_out_by_the_next(
+        daemon_factory, tmp_path, queued):
+    """Cancelled, then killed -9 before the job has stopped: a running command that takes
+    2 s to end after SIGTERM (it dies of the signal, as a stop without a checkpoint), or a
+    queued one that the broker had not yet marked (`queued`: the cancel's event alone is in
+    the store, as when the broker dies between recording the cancel and acting on it). The
+    next broker ends it cancelled; it is never started again (before, it read the SIGTERM
+    death as a stop and ran the command again)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    d = daemon_factory()
+    slow_stop = (f"echo start >> {marks}/slow; "
+                 "trap 'sleep 2; trap - TERM; kill -TERM $$' TERM; sleep 600 & wait")
+    jobs = d.submit({"name": "slow", "gpus": 6, "command": ["sh", "-c", slow_stop]},
+                    plain("waits", marks, "true"))
+    wait_until(lambda: running_pids(d).get("slow"), what="the run's pid")
+    wait_until(lambda: completions(marks, "slow"), what="the command's start")
+    if queued:  # the cancel recorded, the broker dead before it acted on it
+        d.stop(signal.SIGKILL)
+        with sqlite3.connect(d.state_dir / "marble.db") as con:
+            con.execute("INSERT INTO events (at, kind, job_id) VALUES (?, ?, ?)",
+                        (time.time(), "cancel-requested", jobs[1]["id"]))
+    else:
+        d.client.post(f"/v1/jobs/{jobs[0]['id']}/cancel", {})
+        time.sleep(0.3)  # the SIGTERM is on its way; the command takes 2 s to end
+        d.stop(signal.SIGKILL)
+    d = daemon_factory()
+    final = {j["name"]: j["state"] for j in d.wait_all(timeout=60)} if not queued else None
+    if queued:
+        wait_until(lambda: {j["name"]: j["state"] for j in d.jobs()}["waits"] == "cancelled",
+                   what="the queued job cancelled")
+        assert not completions(marks, "waits")
+        assert runs_of(d, "waits") == []
+        d.client.post(f"/v1/jobs/{jobs[0]['id']}/cancel", {})
+        final = {j["name"]: j["state"] for j in d.wait_all(timeout=60)}
+    assert final == {"slow": "cancelled", "waits": "done" if not queued else "cancelled"}
+    assert completions(marks, "slow") == 1, "the cancelled command was started again"
+    assert len(runs_of(d, "slow")) == 1
