@@ -14,6 +14,7 @@ import codecs
 import contextlib
 import logging
 import os
+import secrets
 from pathlib import Path
 
 from marbled.batch.ranks import rank_prefix
@@ -21,7 +22,6 @@ from marbled.batch.supervise import exit_file_name, read_exit
 from marbled.core.failures import TAIL_BYTES, tail
 from marbled.worker.protocol import (
     ACK_FILE,
-    GO_FILE,
     PROGRESS_FILE,
     SUSPEND_FILE,
     atomic_write_json,
@@ -34,6 +34,7 @@ log = logging.getLogger("marbled")
 LOG_STREAMS = ("stdout", "stderr")
 SAID_PER_JOB = 16  # malformed files of a job logged at most (a file per run, each once)
 EXIT_PREFIX = exit_file_name("")[:-len(".json")]  # "exit-": the runs' exit files
+GO_PREFIX, RANK_GO = "go-", "-rank-"  # standbys' go files; a per-GPU standby's ranks' own
 NO_OUTPUT = {"offset": 0, "next_offset": 0, "size": 0, "text": ""}
 
 
@@ -79,7 +80,10 @@ class JobFiles:
         return self.dir(job_id) / "checkpoint"
 
     def go_file(self, job_id: int) -> Path:
-        return self.dir(job_id) / GO_FILE
+        """A new standby's go file, named for it alone: a standby a broker killed -9 left
+        waiting (on a node where it cannot see that broker die) must never read the go of
+        the next broker's standby for the same job and start as that run too."""
+        return self.dir(job_id) / f"{GO_PREFIX}{secrets.token_hex(8)}.json"
 
     def prepare_run(self, job_id: int) -> None:
         """Before a launch: the directories exist, and no answer of an earlier run is left
@@ -94,9 +98,11 @@ class JobFiles:
         except FileExistsError:
             for stale in (ACK_FILE, PROGRESS_FILE, SUSPEND_FILE):
                 (jdir / stale).unlink(missing_ok=True)
-            # the exit files of the job's earlier runs: each run's end is recorded by now
+            # the exit files of the job's earlier runs: each run's end is recorded by now;
+            # their standbys' go files, each read by now (a new one is written after this)
             for name in os.listdir(jdir):
-                if name.startswith(EXIT_PREFIX) and name.endswith(".json"):
+                if name.endswith(".json") and (name.startswith(EXIT_PREFIX) or (
+                        name.startswith(GO_PREFIX) and RANK_GO not in name)):
                     (jdir / name).unlink(missing_ok=True)
             self.checkpoints(job_id).mkdir(exist_ok=True)
             return

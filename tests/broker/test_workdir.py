@@ -77,3 +77,22 @@ def test_a_job_of_an_older_broker_still_runs_in_its_own_directory(tmp_path):
             assert run.request.workdir == h.broker.files.dir(job)
 
     asyncio.run(second())
+
+
+def test_each_standby_waits_on_a_go_file_of_its_own_and_old_ones_go_at_the_next_run(tmp_path):
+    """A standby a broker killed -9 left waiting (a node where it cannot see its broker die)
+    watched the job's one `go.json`: the next broker's go for its own standby of the same
+    job would have started it as that run too. Each standby's go file is its own now, and
+    the next run's preparation removes those read (not a per-GPU standby's ranks')."""
+    from marbled.batch.ranks import rank_go_file
+    from marbled.daemon.workfiles import JobFiles
+
+    files = JobFiles(tmp_path)
+    files.prepare_run(7)
+    first, second = files.go_file(7), files.go_file(7)
+    assert first != second and first.parent == second.parent == files.dir(7)
+    first.write_text('{"MARBLE_RUN_ID": "3"}')
+    rank = rank_go_file(second, 0, 4242)
+    rank.write_text("{}")
+    files.prepare_run(7)  # the job's next run
+    assert not first.exists() and rank.exists()
