@@ -11,6 +11,7 @@ from marbled.batch import ALLOCATION_VARS
 
 SOCKET_NAME = "marbled.sock"
 DB_NAME = "marble.db"
+LOCK_NAME = "marbled.lock"  # one broker per directory; it holds the broker's pid
 TOKEN_NAME = "token"  # with --listen: what a TCP client must show (mode 0600)
 ENDPOINT_NAME = "endpoint"  # with --listen: the URL of the TCP listener
 

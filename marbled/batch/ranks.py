@@ -51,6 +51,7 @@ from pathlib import Path
 from marbled.batch.supervise import write_exit
 from marbled.worker.protocol import (
     ACK_FILE,
+    STANDBY_BROKER_VAR,
     STANDBY_VAR,
     SUSPEND_FILE,
     atomic_write_json,
@@ -273,7 +274,8 @@ def _prestarted(count: int, run: _Ranks) -> tuple[list[dict[str, str]], list, li
         file.unlink(missing_ok=True)
         waiting.append(run.start(rank, {STANDBY_VAR: str(file)}))
     broker = os.environ.get("MARBLE_BROKER_PID", "")
-    go = wait_for_go(go_file, int(broker) if broker.isdigit() else None)
+    go = wait_for_go(go_file, int(broker) if broker.isdigit() else None,
+                     os.environ.get(STANDBY_BROKER_VAR))
     if go is None:  # dropped, or no broker: no waiting rank may outlive the standby
         _kill_all_but_me(run.ranks)
         _remove(files)

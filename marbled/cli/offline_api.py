@@ -28,12 +28,11 @@ from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal
 from marbled.core.model import JobState, Node, Placement, Role, State
 from marbled.daemon.views import Views
 from marbled.daemon.workfiles import JobFiles
-from marbled.paths import DB_NAME
+from marbled.paths import DB_NAME, LOCK_NAME
 from marbled.report.queries import StateFileError, open_state
 from marbled.store.db import Store, job_spec, recorded_job
 from marbled.store.schema import placement_parts
 
-LOCK_NAME = "marbled.lock"  # where a broker wrote its pid (daemon/main.py)
 FREE_NOW = "; the most free on a node is"  # how a policy's why_waiting ends with the free GPUs
 
 

@@ -33,9 +33,10 @@ from marbled.daemon.config import BrokerConfig
 from marbled.daemon.intake import Intake, Names, recorded
 from marbled.daemon.learner import Learner, starts_up
 from marbled.daemon.ledger import Ledger, StorageLost, StoreRefused
+from marbled.daemon.live_run import Ended
 from marbled.daemon.metrics import BrokerMetrics
 from marbled.daemon.recovery import recover
-from marbled.daemon.runs import Ended, Runs
+from marbled.daemon.runs import Runs
 from marbled.daemon.timers import Timers
 from marbled.daemon.views import run_speed
 from marbled.daemon.waiters import EndWaiters

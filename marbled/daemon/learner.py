@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from marbled.core.spec import JobSpec
     from marbled.daemon.clock import Clock
     from marbled.daemon.ledger import Ledger
-    from marbled.daemon.runs import LiveRun
+    from marbled.daemon.live_run import LiveRun
     from marbled.daemon.workfiles import JobFiles
 
 

@@ -28,7 +28,14 @@ from marbled.daemon.config import BrokerConfig
 from marbled.daemon.gpu_samples import NoNvml, NvmlSampler
 from marbled.daemon.planner import plan_beside
 from marbled.daemon.views import Views
-from marbled.paths import DB_NAME, ENDPOINT_NAME, TOKEN_NAME, socket_path, state_dir_problem
+from marbled.paths import (
+    DB_NAME,
+    ENDPOINT_NAME,
+    LOCK_NAME,
+    TOKEN_NAME,
+    socket_path,
+    state_dir_problem,
+)
 from marbled.store.db import SchemaError, Store
 
 log = logging.getLogger("marbled")
@@ -53,7 +60,7 @@ def prepare_state_dir(state_dir: Path) -> int:
             f"state directory path is too long for a Unix socket ({MAX_SOCKET_PATH} bytes "
             "at most with the socket name); choose a shorter --state-dir"
         )
-    fd = os.open(state_dir / "marbled.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -31,7 +31,8 @@ from marbled.batch.local import find_launched_process, process_start_time
 from marbled.core.model import Job, JobState, Placement, Role
 from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
-from marbled.daemon.runs import LiveRun, Runs
+from marbled.daemon.live_run import LiveRun
+from marbled.daemon.runs import Runs
 from marbled.store.db import Store, job_spec, recorded_job
 from marbled.store.schema import placement_parts
 

@@ -12,6 +12,8 @@ from marbled.batch.step import PER_GPU_VAR
 from marbled.core.spec import RUN_VAR, JobSpec, expand_run_vars
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.workfiles import LOG_STREAMS, JobFiles
+from marbled.paths import LOCK_NAME
+from marbled.worker.protocol import STANDBY_BROKER_VAR, STANDBY_VAR
 
 
 def _job_env(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec,
@@ -48,6 +50,14 @@ def launch_request(config: BrokerConfig, files: JobFiles, job_id: int, spec: Job
                          err, cwd=Path(spec.chdir) if spec.chdir else None, per_gpu=spec.per_gpu,
                          base_env=None if spec.environment.is_default
                          else spec.environment.overlay(os.environ))
+
+
+def standby_env(config: BrokerConfig, go: Path, at: float) -> dict[str, str]:
+    """A prestarted process's variables: its go file, and its broker as its state
+    directory's lock file and the pid there (a process on another node learns from it that
+    a new broker took over, and that no go will come)."""
+    return {STANDBY_VAR: str(go), "MARBLE_LAUNCH_TIME": repr(at),
+            STANDBY_BROKER_VAR: f"{config.state_dir / LOCK_NAME}:{os.getpid()}"}
 
 
 def not_prestartable(config: BrokerConfig, files: JobFiles, job_id: int, spec: JobSpec,

@@ -17,51 +17,27 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from marbled.batch.base import Launcher, RunHandle
+from marbled.batch.base import Launcher
 from marbled.core.model import Job, JobState, Start, State
 from marbled.core.outcome import RunEnd, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
 from marbled.daemon.ledger import Ledger
+from marbled.daemon.live_run import Ended, LiveRun
 from marbled.daemon.prestart import Standbys
-from marbled.daemon.requests import launch_request, not_prestartable, start_failure
+from marbled.daemon.requests import (
+    launch_request,
+    not_prestartable,
+    standby_env,
+    start_failure,
+)
 from marbled.daemon.run_failures import failure_reason, refused_start
 from marbled.daemon.workfiles import JobFiles
-from marbled.worker.protocol import STANDBY_VAR
 
 log = logging.getLogger("marbled")
-
-
-@dataclass
-class LiveRun:
-    job_id: int
-    run_id: int
-    handle: RunHandle
-    start_step: int
-    reason: str | None = None  # why it is being suspended or stopped
-    asked_at: float | None = None  # when it was asked to suspend
-    acked: dict | None = None
-    escalated: bool = False  # SIGTERM/SIGKILL were needed
-    cancel: bool = False
-    recovered: bool = False  # adopted after it ended: no broker saw it end
-    timers: list[Timer] = field(default_factory=list)
-
-    def clear_timers(self) -> None:
-        for t in self.timers:
-            t.cancel()
-        self.timers.clear()
-
-
-@dataclass(frozen=True)
-class Ended:
-    """What the broker hears when a run is over."""
-
-    job_id: int
-    outcome: JobState  # DONE, SUSPENDED, FAILED or CANCELLED
-    retry_at: float | None = None  # a failed run that will be retried from then on
 
 
 class Runs:
@@ -201,7 +177,7 @@ class Runs:
         self.files.clear_standby_logs(job.id)
         request = launch_request(
             self.config, self.files, job.id, spec, job.placement.node, (),
-            {STANDBY_VAR: str(go), "MARBLE_LAUNCH_TIME": repr(self.clock.time())})
+            standby_env(self.config, go, self.clock.time()))
         self.standby.start(job.id, go, replace(
             request, standby_ranks=job.next_run_gpus if spec.per_gpu else 0))
 

@@ -51,6 +51,9 @@ SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came t
 PROGRESS_FILE = "progress.json"
 GO_FILE = "go.json"
 STANDBY_VAR = "MARBLE_STANDBY_FILE"  # a prestarted process's go file, where it waits
+# ... and its broker: "LOCK:PID", the state directory's lock file and the pid it holds
+STANDBY_BROKER_VAR = "MARBLE_STANDBY_BROKER"
+LOCK_CHECK_S = 1.0  # how often a prestarted process reads its broker's lock file
 # A report names the newest earlier report at least this old (`since`): the broker's
 # speed and ETA follow the last second of training, or the last report interval if longer
 RATE_WINDOW_S = 1.0
@@ -145,12 +148,34 @@ def _int_env(name: str) -> int | None:
     return int(value) if value.strip().isdigit() else None
 
 
-def wait_for_go(go_file: Path, broker_pid: int | None) -> dict | None:
+def broker_replaced(standby_broker: str | None) -> bool:
+    """Whether the broker that prestarted this process has left its state directory:
+    another holds its lock file (`standby_broker`: "LOCK:PID", as STANDBY_BROKER_VAR). On a
+    node other than the broker's, where its pid means nothing, the lock file (on the
+    filesystem the nodes share) is how a waiting process learns it."""
+    if not standby_broker:
+        return False
+    lock, _, pid = standby_broker.rpartition(":")
+    try:
+        with open(lock) as f:
+            return f.read(32).strip() != pid
+    except OSError:  # unreadable for now: no reason to give up
+        return False
+
+
+def wait_for_go(go_file: Path, broker_pid: int | None,
+                standby_broker: str | None = None) -> dict | None:
     """The broker's go for a prestarted process, once written; None if the go cancels it or
-    the broker is gone (no go will come: the next broker starts the job afresh)."""
+    the broker is gone (no go will come: the next broker starts the job afresh): its pid on
+    this node, or its lock file (`broker_replaced`) read every LOCK_CHECK_S."""
+    checked = time.monotonic()
     while (go := read_json(go_file)) is None:
         if broker_pid and not _alive(broker_pid):
             return None
+        if standby_broker and time.monotonic() - checked >= LOCK_CHECK_S:
+            if broker_replaced(standby_broker):
+                return None
+            checked = time.monotonic()
         time.sleep(0.01)
     return None if go.get("cancel") else go
 
@@ -293,7 +318,7 @@ class JobProtocol:
         go_file = os.environ.pop(STANDBY_VAR, None)
         if go_file is None:
             return
-        go = wait_for_go(Path(go_file), self.broker_pid)
+        go = wait_for_go(Path(go_file), self.broker_pid, os.environ.get(STANDBY_BROKER_VAR))
         if go is None:
             os._exit(0)
         os.environ.update({k: str(v) for k, v in go.items()})

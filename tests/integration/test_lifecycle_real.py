@@ -9,6 +9,7 @@ launcher, is tests/broker/test_lifecycle_machine.py."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -62,9 +63,33 @@ def chaos(tmp_path: Path, faults: list[str], seed: int, plains: int, *args: str,
     return jobs, final, runs, out
 
 
+def leftovers(state: Path, grace: float = 5.0) -> list[str]:
+    """The processes of the jobs of `state` still alive `grace` seconds after the last broker
+    stopped (a job's process, a prestarted one, a rank): none may outlive every job's end."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+            except OSError:
+                continue
+            if f"MARBLE_RUN_DIR={state}/".encode() in env:
+                found.append(f"pid {entry} lives on: {argv}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def problems(jobs, final, runs, out: Path, plains: int, emulated: int = len(EMULATED)
              ) -> list[str]:
     found = [f"job {j['id']} ended {j['state']}" for j in final if j["state"] != "done"]
+    found += leftovers(out.parent / "state")
     for i in range(plains):
         path = out / f"plain-{i}.txt"
         lines = path.read_text().splitlines() if path.exists() else []

@@ -70,3 +70,46 @@ def test_a_command_naming_only_the_jobs_own_variables_is_still_prestarted(daemon
     (go,) = daemon.query("SELECT run_id FROM events WHERE kind = 'go' AND job_id = 2")
     assert go["run_id"] == resumed["id"]
     assert _steps(log) == list(range(1, 1501))
+
+
+WAITS = """
+from marbled.worker.protocol import JobProtocol
+proto = JobProtocol.from_env()
+proto.ready()
+print("ran as run", proto.run_id, flush=True)
+"""
+
+
+@pytest.mark.parametrize("replaced", [True, False])
+def test_a_standby_on_a_node_without_its_brokers_pid_gives_up_when_another_broker_starts(
+        tmp_path, replaced):
+    """A prestarted process that cannot see its broker's pid (on another node; none here:
+    no MARBLE_BROKER_PID) used to wait for its go until its allocation ended, if its broker
+    was killed -9. It reads the state directory's lock file: once another broker holds it,
+    no go will come, and it exits 0 without running (a real process, real files)."""
+    import os
+    import subprocess
+    import time
+
+    from marbled.worker.protocol import LOCK_CHECK_S, STANDBY_BROKER_VAR, STANDBY_VAR
+
+    lock, go = tmp_path / "marbled.lock", tmp_path / "go-abc.json"
+    lock.write_text("4101")
+    env = {k: v for k, v in os.environ.items() if k != "MARBLE_BROKER_PID"}
+    env.update({STANDBY_VAR: str(go), STANDBY_BROKER_VAR: f"{lock}:4101",
+                "MARBLE_RUN_DIR": str(tmp_path), "MARBLE_JOB_ID": "1"})
+    proc = subprocess.Popen([sys.executable, "-c", WAITS], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        time.sleep(2.5 * LOCK_CHECK_S + 1.0)  # its imports, then lock reads that see 4101
+        assert proc.poll() is None, "it gave up while its broker held the lock"
+        if replaced:
+            lock.write_text("4102")  # the next broker on this state directory
+            assert proc.wait(timeout=10 * LOCK_CHECK_S) == 0
+            assert proc.stdout.read() == ""  # it never ran
+        else:
+            go.write_text('{"MARBLE_RUN_ID": "7", "MARBLE_GPUS": "1"}')
+            assert proc.wait(timeout=10) == 0
+            assert proc.stdout.read().strip() == "ran as run 7"
+    finally:
+        proc.kill()
