@@ -49,7 +49,6 @@ ACK_FILE = "ack.json"
 RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "JSM_NAMESPACE_RANK")
 SUSPEND_FILE = "suspend.json"  # the broker's request, for a SIGTSTP that came too early
 PROGRESS_FILE = "progress.json"
-GO_FILE = "go.json"
 STANDBY_VAR = "MARBLE_STANDBY_FILE"  # a prestarted process's go file, where it waits
 # ... and its broker: "LOCK:PID", the state directory's lock file and the pid it holds
 STANDBY_BROKER_VAR = "MARBLE_STANDBY_BROKER"
