@@ -187,14 +187,13 @@ def test_a_cancel_the_broker_died_before_carrying_out_is_carried_out_by_the_next
         time.sleep(0.3)  # the SIGTERM is on its way; the command takes 2 s to end
         d.stop(signal.SIGKILL)
     d = daemon_factory()
-    final = {j["name"]: j["state"] for j in d.wait_all(timeout=60)} if not queued else None
     if queued:
         wait_until(lambda: {j["name"]: j["state"] for j in d.jobs()}["waits"] == "cancelled",
                    what="the queued job cancelled")
         assert not completions(marks, "waits")
         assert runs_of(d, "waits") == []
         d.client.post(f"/v1/jobs/{jobs[0]['id']}/cancel", {})
-        final = {j["name"]: j["state"] for j in d.wait_all(timeout=60)}
+    final = {j["name"]: j["state"] for j in d.wait_all(timeout=60)}
     assert final == {"slow": "cancelled", "waits": "done" if not queued else "cancelled"}
     assert completions(marks, "slow") == 1, "the cancelled command was started again"
     assert len(runs_of(d, "slow")) == 1
