@@ -153,6 +153,11 @@ JOB_DETAIL = _object({
         "at": TIME, "kind": STR, "run_id": OR_NULL["integer"],
         "data": {"type": ["object", "null"]}})},
     "reasons": {"type": "array", "items": STR}})
+# queued jobs that the allocation can never hold (a larger one queued them): they stay queued
+# for one that can, and the jobs behind them go on
+CANNOT_RUN = {"description": "queued jobs this allocation can never hold, by id, and why: "
+                             "they stay queued for an allocation that can",
+              "type": "object", "additionalProperties": STR}
 STATUS = _object({
     "pid": INT, "policy": STR, "profile": OR_NULL["string"],
     "nodes": {"type": "object", "additionalProperties": _object({
@@ -164,8 +169,9 @@ STATUS = _object({
                                "and the writes `held`", **_object({
                                    "ok": BOOL, "reason": OR_NULL["string"], "held": INT})},
     "started_at": TIME, "time_scale": NUM, "max_request_bytes": INT,
-    "max_jobs_per_request": INT})
-WAITED = _object({"ended": BOOL, "jobs": STATUS["properties"]["jobs"], "draining": BOOL})
+    "max_jobs_per_request": INT, "cannot_run": CANNOT_RUN})
+WAITED = _object({"ended": BOOL, "jobs": STATUS["properties"]["jobs"], "draining": BOOL,
+                  "cannot_run": CANNOT_RUN})
 LOG = _object({
     "job_id": INT, "state": {"enum": STATES}, "runs": {"type": "array", "items": INT},
     "run": {"anyOf": [_ref("Run"), {"type": "null"}]}, "stream": {"enum": ["stdout", "stderr"]},
@@ -330,7 +336,9 @@ def _spec() -> dict:
                 "summary": "wait until every job (or each `job` named) has ended, at most "
                            "`timeout` seconds: a long poll, answered as the last one ends "
                            "(`marble wait`)",
-                "description": "`ended`: whether they have all ended; `jobs`: those waited "
+                "description": "`ended`: whether they have all ended (a job this "
+                               "allocation can never hold counts as ended: it is in "
+                               "`cannot_run`, with why); `jobs`: those waited "
                                "for by state (every job: as in /v1/status); a draining broker "
                                "answers at once (`draining`), with the jobs left for the next "
                                "broker",

@@ -303,7 +303,8 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         status = views.status()
         return web.json_response({"ended": ended,
                                   "jobs": views.counts_of(ids) if ids else status["jobs"],
-                                  "draining": status["draining"]})
+                                  "draining": status["draining"],
+                                  "cannot_run": views.cannot_run(ids)})
 
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:

@@ -360,6 +360,8 @@ def status(ctx, show_all, limit, as_json):
                          " in all; --limit 0 lists every one)")
         if not show_all:
             lines += ended_text(broker["jobs"], failed)
+        lines += [f"job {j} cannot run in this allocation: {why}"  # a larger one queued it
+                  for j, why in broker.get("cannot_run", {}).items()]
         click.echo("\n".join(lines))
         if forecast_text(forecast):
             click.echo(forecast_text(forecast))

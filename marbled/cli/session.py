@@ -10,6 +10,7 @@ import click
 
 from marbled.cli.client import MAX_WAIT_JOBS, BrokerClient, BrokerUnreachable
 from marbled.cli.common import FINAL, call, client, job_id, json_option, output
+from marbled.core.shapes import UNFIT_WAIT
 
 
 @click.command()
@@ -67,7 +68,8 @@ def wait(ctx, refs, timeout, interval, quiet, as_json):
 
     Exit status: 0 all done, 1 some failed or were cancelled, 2 timed out, 3 the
     broker stopped before they ended (it drained, or was killed): a note says which,
-    not an error.
+    not an error; 4 the others done, some left that this allocation can never hold
+    (a larger one queued them: they stay queued, and a note says why).
     """
     api = client(ctx)
     ids = list(dict.fromkeys(job_id(api, ref) for ref in refs))
@@ -102,6 +104,7 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
 
     wanted = set(ids)
     settled: Counter = Counter()  # the states of the parts waited for already
+    unfit: dict[str, str] = {}  # the jobs waited for that this allocation cannot hold
     try:
         for n, part in enumerate(parts):
             named = "".join(f"&job={i}" for i in part)
@@ -112,6 +115,7 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
                 answered = True
                 if answer["ended"] and not last_part:
                     settled.update(answer["jobs"])
+                    unfit.update(answer.get("cannot_run") or {})
                     break
                 counts = settled + Counter(answer["jobs"])
                 total = len(ids) or sum(counts.values())
@@ -131,7 +135,13 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
                         bar.stop()
                     if as_json:
                         output(ctx, as_json, {"jobs": _views(api, ids)}, lambda: None)
-                    ctx.exit(0 if counts.get("done", 0) == total else 1)
+                    unfit.update(answer.get("cannot_run") or {})
+                    for job, why in unfit.items():
+                        click.echo(f"note: job {job} cannot run in this allocation: {why}; "
+                                   f"{UNFIT_WAIT}", err=True)
+                    done = counts.get("done", 0)
+                    ctx.exit(0 if done == total else 4 if unfit and done + len(unfit) == total
+                             else 1)
                 if timeout is not None and now - start >= timeout:
                     if bar:
                         bar.stop()

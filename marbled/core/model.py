@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from marbled.core.evolve import evolve
+from marbled.core.shapes import gpus_text, shape_text, shapes
 
 if TYPE_CHECKING:
     from marbled.core.profiles import ThroughputCurve
@@ -147,6 +148,23 @@ class Job:
         )
 
 
+def misfit(job: Job, sizes: list[int]) -> str | None:
+    """Why `job` can never run on nodes of `sizes` GPUs, or None if it can. Only a job that a
+    larger allocation took can ask for more (submission sizes a job to its broker's nodes):
+    the next allocation of a chain of batch jobs may be smaller. A job on `auto` takes what
+    a node has (the broker sizes it again: `Intake.add`), so only its fewest nodes count."""
+    fewest = job.nodes_min or job.nodes
+    if fewest <= len(sizes) and (job.malleable or any(
+            sum(size >= per for size in sizes) >= k
+            for k, per in shapes(job.demand, job.nodes, job.nodes_min))):
+        return None
+    many = {*sizes} if sizes else {0}
+    have = f"{gpus_text(min(many))}" if len(many) == 1 else f"{min(many)}-{max(many)} GPUs"
+    where = "" if job.nodes > 1 else " on one node"
+    return (f"it asks for {shape_text(job.demand, job.nodes, job.nodes_min)}{where}, and "
+            f"this allocation has {len(sizes)} node{'s' if len(sizes) != 1 else ''} of {have}")
+
+
 # ---------------------------------------------------------------- actions
 
 
@@ -253,6 +271,12 @@ class State:
         self._broken: set[int] = set()
         self._ready: list[int] = []
         self._is_ready: set[int] = set()
+        # waiting jobs these nodes can never hold (`misfit`), with why: not ready, so the
+        # FIFO passes over them instead of waiting behind them until the allocation ends
+        self._sizes = [node.size for node in self.nodes.values()]
+        self._largest = max(self._sizes, default=0)
+        self._smallest = min(self._sizes, default=0)
+        self._unfit: dict[int, str] = {}
         self._unfinished = 0
         self._movable = 0  # unfinished jobs a policy may resize, suspend or place on a range
         # Read by what the API shows (`status`, the metrics, the forecast) at a cost of the
@@ -320,6 +344,17 @@ class State:
         they can never start."""
         return sorted(self._broken)
 
+    def unfit(self) -> dict[int, str]:
+        """The waiting jobs these nodes can never hold, and why (`misfit`), in FIFO order."""
+        return {i: self._unfit[i] for i in sorted(self._unfit)}
+
+    def misfit_of(self, job_id: int) -> str | None:
+        return self._unfit.get(job_id)
+
+    @property
+    def unfit_count(self) -> int:
+        return len(self._unfit)
+
     @property
     def ready_count(self) -> int:
         """How many jobs `ready()` gives, without reading them."""
@@ -362,7 +397,7 @@ class State:
 
     @property
     def max_node_size(self) -> int:
-        return max(n.size for n in self.nodes.values())
+        return self._largest
 
     # -- transitions (the only way a driver changes a job)
 
@@ -568,22 +603,38 @@ class State:
         if new.after and old is None:
             for dep in new.after:
                 self._dependents.setdefault(dep, set()).add(new.id)
-        self._classify(new.id)
-        if new.id in self._dependents and (old is None or _outcome(old) != _outcome(new)):
+        unfit_changed = self._classify(new.id)
+        if new.id in self._dependents and (old is None or unfit_changed or
+                                           _outcome(old) != _outcome(new)):
             for other in self._dependents[new.id]:
                 if other in self.jobs:
                     self._classify(other)
         return new
 
-    def _classify(self, job_id: int) -> None:
-        """Update where the job stands with its dependencies (in `ready()`, `broken()`)."""
+    def _classify(self, job_id: int) -> bool:
+        """Update where the job stands with its dependencies (in `ready()`, `broken()`) and
+        with the nodes (`unfit()`: a job waiting for one that cannot run here cannot either);
+        whether it entered or left `unfit()`."""
         job = self.jobs[job_id]
         status = dependency_status(job, self) if job.after else "ready"
         if status == "broken" and job.state is JobState.QUEUED:
             self._broken.add(job_id)
         else:
             self._broken.discard(job_id)
-        ready = job.waiting and status == "ready"
+        why = None  # (no nodes: a stopped broker's records that do not say them)
+        if self._sizes and job.waiting and not (  # what surely fits, cheaply (most jobs)
+                (job.nodes_min or job.nodes) <= len(self._sizes) if job.malleable else
+                job.nodes <= len(self._sizes) and job.demand <= self._smallest):
+            why = misfit(job, self._sizes)
+        if not why and self._unfit and job.waiting and status == "wait":
+            held = next((d for d in job.after if d in self._unfit), None)
+            why = held and f"it waits for job {held}, which this allocation cannot hold"
+        was = job_id in self._unfit
+        if why:
+            self._unfit[job_id] = why
+        elif was:
+            del self._unfit[job_id]
+        ready = job.waiting and status == "ready" and not why
         if ready != (job_id in self._is_ready):
             if ready:
                 self._is_ready.add(job_id)
@@ -591,6 +642,7 @@ class State:
             else:
                 self._is_ready.discard(job_id)
                 del self._ready[bisect_left(self._ready, job_id)]
+        return was != bool(why)
 
 
 def _outcome(job: Job) -> str:

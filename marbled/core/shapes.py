@@ -4,6 +4,11 @@ print them without importing what `core.target` computes them with (`core.learni
 
 from __future__ import annotations
 
+# What becomes of a queued job the allocation can never hold (`model.misfit`: a larger one
+# queued it), as the broker's log, `marble explain` and `marble wait` say it
+UNFIT_WAIT = ("it stays queued in the state directory for an allocation that can hold it, "
+              "and the jobs behind it run meanwhile")
+
 
 def gpus_text(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
@@ -23,3 +28,12 @@ def shape_text(per_node: int, nodes: int = 1, nodes_min: int | None = None,
         low, high = per_node * fewest, per_node * nodes
         text += f", {high} ranks" if low == high else f", {low}-{high} ranks"
     return text
+
+
+def shapes(demand: int, nodes: int, nodes_min: int | None = None,
+           node_size: int | None = None) -> list[tuple[int, int]]:
+    """(node count, GPUs on each) a job of `demand` GPUs on each of `nodes` nodes (at most,
+    from `nodes_min`) may run as, fewest nodes first; those over `node_size` left out."""
+    total = demand * nodes
+    return [(k, total // k) for k in range(nodes_min or nodes, nodes + 1)
+            if total % k == 0 and (node_size is None or total // k <= node_size)]

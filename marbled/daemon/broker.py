@@ -26,6 +26,7 @@ from marbled.core.learning import LearnedBook
 from marbled.core.model import Action, Cancel, Job, JobState, Node, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
 from marbled.core.profiles import ThroughputCurve
+from marbled.core.shapes import UNFIT_WAIT
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, LoopClock
 from marbled.daemon.coalesce import EndCoalescer
@@ -82,8 +83,8 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self.intake = Intake(self)
         self.timers = Timers(self)
-        self.end_waiters = EndWaiters(lambda: self.state.unfinished, self._has_ended,
-                                      self.ledger.flush)
+        self.end_waiters = EndWaiters(lambda: self.state.unfinished - self.state.unfit_count,
+                                      self._settled, self.ledger.flush)
 
     def recover(self) -> None:
         """Rebuild the state from the store; re-adopt runs whose process still lives."""
@@ -93,6 +94,8 @@ class Broker:
                 self.wake_at, self.state.ended_before)
         # jobs whose open run was settled as their end: they leave the state as any other
         self.intake.leaving += [job.id for job in self.state.jobs.values() if job.state.finished]
+        for job_id, why in self.state.unfit().items():
+            log.warning("job %d cannot run in this allocation: %s; %s", job_id, why, UNFIT_WAIT)
         # cancels the last broker recorded and died before they were carried out (lifecycle I2)
         for job_id in sorted(self.store.cancels_requested() & self.state.jobs.keys()):
             if not self.state.jobs[job_id].state.finished:
@@ -270,10 +273,12 @@ class Broker:
         self.ledger.job_ended(job_id, state, reason, self.clock.time())
         self.intake.leaving.append(job_id)
 
-    def _has_ended(self, job_id: int) -> bool:
-        """Whether a job that exists has ended (one the state no longer holds has)."""
+    def _settled(self, job_id: int) -> bool:
+        """Whether a job that exists has ended (one the state no longer holds has), or can
+        never run in this allocation (`State.unfit`): a wait for it would last until the
+        allocation's end, so `marble wait` says so instead and the batch script goes on."""
         job = self.state.jobs.get(job_id)
-        return job is None or job.state.finished
+        return job is None or job.state.finished or self.state.misfit_of(job_id) is not None
 
     def _forget_reshapes(self, job_id: int) -> None:
         """An ended job is reshaped no more: the loop guard need not keep it."""

@@ -146,6 +146,13 @@ class Intake:
         steps checkpointed), with what the book knows of its model."""
         b = self.broker
         b.specs[job.id] = spec
+        largest = b.state.max_node_size
+        if job.malleable and job.demand > largest:
+            # a job on `auto` that a larger allocation sized (a restart in a smaller one):
+            # sized again as a submission here would be, so that no policy waits for more
+            # than a node has
+            demand = b.book.demand(spec.model, largest) if spec.model else None
+            job = evolve(job, demand=demand or largest)
         b.state.submit(evolve(job, curve=b.curve_of(job.id),
                               steps_left=max(spec.steps - done, 0) if spec.steps else None))
         if b.learner:

@@ -72,7 +72,15 @@ class Views:
                         "held": b.ledger.held},
             "started_at": b.started_at,
             "time_scale": b.config.time_scale,
+            "cannot_run": self.cannot_run(),
         }
+
+    def cannot_run(self, ids: Iterable[int] = ()) -> dict[str, str]:
+        """The queued jobs (all, or of `ids`) that this allocation can never hold, and why
+        (`State.unfit`): a larger allocation queued them."""
+        unfit = self.broker.state.unfit()
+        wanted = set(ids)
+        return {str(i): why for i, why in unfit.items() if not wanted or i in wanted}
 
     def counts_of(self, ids: Iterable[int]) -> dict[str, int]:
         """The jobs `ids` by state; NotFound for one that does not exist."""
@@ -313,7 +321,7 @@ class Views:
                            {k: c for k, c in curves.items() if c is not None})
         run = functools.partial(
             forecast, left, book, b.policy, [len(g) for g in b.config.nodes.values()], now,
-            b.config.time_scale if emulated == {True} else 1.0)
+            b.config.time_scale if emulated == {True} else 1.0, unfit=b.state.unfit())
 
         def answer() -> dict:
             result = run()

@@ -16,8 +16,10 @@ class EndWaiters:
     def __init__(self, unfinished: Callable[[], int], has_ended: Callable[[int], bool],
                  commit: Callable[[], None]):
         """`unfinished()`: how many jobs have not ended; `has_ended(id)`: whether that job
-        (one that exists) has; `commit()`: write what waits to the store, so that an answer
-        'ended' finds the ends recorded."""
+        (one that exists) has. Both count a job the allocation can never hold as ended (the
+        broker's `_settled`): a wait for it would last until the allocation's end.
+        `commit()`: write what waits to the store, so that an answer 'ended' finds the ends
+        recorded."""
         self._unfinished, self._has_ended, self._commit = unfinished, has_ended, commit
         # each waiter: its future, and the ids it waits for that have not ended (None: all)
         self._waiting: list[tuple[asyncio.Future, set[int] | None]] = []

@@ -13,7 +13,9 @@ then of the others alone.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from marbled.core.policy.base import Policy
@@ -65,10 +67,13 @@ class Forecast:
 
 
 def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: list[int],
-             now: float, scale: float = 1.0, budget_s: float = BUDGET_S) -> Forecast:
+             now: float, scale: float = 1.0, budget_s: float = BUDGET_S,
+             unfit: Mapping[int, str] = MappingProxyType({})) -> Forecast:
     """`scale`: broker seconds per profiled second (--time-scale for emulated jobs); a
-    simulation that needs more than `budget_s` gives up and says so."""
-    left_out = unplayable(jobs, book)
+    simulation that needs more than `budget_s` gives up and says so. `unfit`: the jobs the
+    nodes can never hold (`State.unfit`), left out with why."""
+    left_out = {**{i: f"it cannot run in this allocation: {why}" for i, why in unfit.items()},
+                **unplayable([j for j in jobs if j.id not in unfit], book)}
     jobs = [j for j in jobs if j.id not in left_out]
     if not jobs:  # nothing left, or nothing it can play (then it cannot say when it ends)
         return Forecast(None, "it can simulate none of the jobs left", {}, left_out) \

@@ -56,3 +56,13 @@ def test_a_simulator_refusal_names_the_brokers_job_not_its_place_in_the_simulati
     result = forecast(jobs, odd, POLICIES["marble"](), [4], now=0.0)
     assert result.finish_at is None
     assert "job 33:" in result.reason and "job 3:" not in result.reason
+
+
+def test_jobs_the_nodes_cannot_hold_are_left_out_not_a_failure(book):
+    """A job a larger allocation queued (`State.unfit`): before, the whole forecast failed
+    ("cannot simulate the queue: job 1: gpus: asks for 6 GPUs but the largest node has 2")."""
+    jobs = [left(1, model="resnet-50", steps=600, gpus=6), left(2, model="vgg-16", steps=400)]
+    why = "it asks for 6 GPUs on one node, and this allocation has 1 node of 2 GPUs"
+    result = forecast(jobs, book, POLICIES["marble"](), [2], now=0.0, unfit={1: why})
+    assert result.reason is None and set(result.ends) == {2}
+    assert result.left_out == {1: f"it cannot run in this allocation: {why}"}

@@ -144,7 +144,9 @@ def check_decision(policy: str, state: State, actions: list) -> None:
     ids = [a.job for a in actions]
     assert len(ids) == len(set(ids)), f"two actions for one job: {actions}"
 
-    eligible = [j.id for j in jobs.values() if j.waiting and dependency_status(j, state) == "ready"]
+    # (a job the nodes can never hold is not: the FIFO passes over it, tests/core/test_unfit.py)
+    eligible = [j.id for j in jobs.values() if j.waiting and dependency_status(j, state) == "ready"
+                and state.misfit_of(j.id) is None]
     fresh = [a.job for a in actions if isinstance(a, Start) and jobs[a.job].waiting]
     # FIFO with head-of-line blocking: the jobs started from the queue are the
     # first eligible ones, in order; none starts while an earlier one waits.

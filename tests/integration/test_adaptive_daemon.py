@@ -32,7 +32,12 @@ def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grow
         # On 2 each, as simulated, in one run: the first three end some 20-40 ms apart here
         # (the simulator: at one instant), and the broker waits for the runs its progress
         # reports say are due, so none starts on the GPU the first end frees to grow later.
-        assert [r["gpu_count"] for r in runs[short]] == [2]
+        # (A failure says when the runs ended: ends further apart than the broker waits for
+        # due runs, BrokerConfig.coalesce_max_s, are decided one at a time, as on a loaded
+        # machine they may be: seen once in 7 full runs of the suite.)
+        assert [r["gpu_count"] for r in runs[short]] == [2], (short, [
+            (r["job_id"], r["gpu_count"], r["started_at"], r["ended_at"])
+            for j in range(2, 8) for r in runs[j]])
     queued = runs[7]
     # Two GPUs beside the last two short jobs, then 4 once they are done: grown once, not at
     # each of their ends, and never suspended before it has trained.

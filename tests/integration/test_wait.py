@@ -150,7 +150,8 @@ def test_a_wait_for_named_jobs_ends_as_they_end_while_others_run(daemon):
         [(first["id"], "done"), (second["id"], "done")]
     assert "2/2 ended  done=2" in out.stderr
     answer = daemon.client.get(f"/v1/wait?timeout=0&job={first['id']}&job={first['id']}")
-    assert answer == {"ended": True, "jobs": {"done": 1}, "draining": False}
+    assert answer == {"ended": True, "jobs": {"done": 1}, "draining": False,
+                      "cannot_run": {}}
     assert daemon.client.get("/v1/wait?timeout=0")["ended"] is False  # the server runs on
 
     with pytest.raises(ApiError) as missing:

@@ -30,6 +30,7 @@ from marbled.core.model import (
     State,
     dependency_status,
 )
+from marbled.core.shapes import UNFIT_WAIT, shapes
 from marbled.core.target import gpus_text
 
 BROKEN = "a job it depends on failed or was cancelled"
@@ -147,6 +148,9 @@ class Policy:
         return self.why_waiting(job, state, now)
 
     def why_waiting(self, job: Job, state: State, now: float) -> str:
+        unfit = state.misfit_of(job.id)
+        if unfit:
+            return f"cannot run in this allocation: {unfit}; {UNFIT_WAIT}"
         if job.not_before is not None and job.not_before > now:
             return f"waits out its retry back-off ({job.not_before - now:.0f} s left)"
         status = dependency_status(job, state)
@@ -166,8 +170,6 @@ class Policy:
         where = f"{gpus_text(job.demand)} on each of {job.nodes} nodes" if job.nodes > 1 else \
             f"{gpus_text(job.demand)} on one node"
         if job.nodes_min is not None:
-            from marbled.core.policy.spread import shapes  # it imports this module
-
             where = " or ".join(f"{gpus_text(per)} on each of {k} nodes" if k > 1 else
                                 f"{gpus_text(per)} on one node"
                                 for k, per in shapes(job.demand, job.nodes, job.nodes_min))

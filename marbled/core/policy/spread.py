@@ -16,17 +16,11 @@ from typing import TypeVar
 
 from marbled.core.model import Job
 from marbled.core.policy.base import take_nodes
+from marbled.core.shapes import shapes
+
+__all__ = ["first_shape", "shapes", "take_spread"]
 
 T = TypeVar("T")
-
-
-def shapes(demand: int, nodes: int, nodes_min: int | None = None,
-           node_size: int | None = None) -> list[tuple[int, int]]:
-    """(node count, GPUs on each) a job of `demand` GPUs on each of `nodes` nodes (at most,
-    from `nodes_min`) may run as, fewest nodes first; those over `node_size` left out."""
-    total = demand * nodes
-    return [(k, total // k) for k in range(nodes_min or nodes, nodes + 1)
-            if total % k == 0 and (node_size is None or total // k <= node_size)]
 
 
 def first_shape(demand: int, nodes: int, nodes_min: int | None,
