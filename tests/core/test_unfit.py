@@ -125,3 +125,19 @@ def test_the_wait_is_said_and_a_cancel_of_the_job_ends_the_wait_behind_it():
     assert [a.job for a in get_policy("rigid").decide(state) if isinstance(a, Start)] == [3]
     state.finished(1, JobState.CANCELLED)  # the user gives up on it: its dependent is broken
     assert state.unfit() == {} and state.broken() == [2]
+
+
+def test_the_planner_plans_the_jobs_the_nodes_can_hold():
+    """whatif's simulations leave out a job the nodes can never hold: with it, every candidate
+    failed to place the queue, and no plan was ever made while it waited."""
+    from marbled.core.policy.whatif import _forward, predict
+    from marbled.core.profiles import ThroughputCurve
+
+    curve = ThroughputCurve("m", (10.0, 18.0, 25.0, 30.0), startup_s=0.0, suspend_s=1.0)
+    state = State(nodes={"n1": Node("n1", (0, 1))})
+    state.submit(Job(1, 4, False, curve=curve, steps_left=1000.0))  # a larger one queued it
+    state.submit(Job(2, 2, True, curve=curve, steps_left=1000.0))
+    state.submit(Job(3, 1, False, curve=curve, steps_left=500.0))
+    setup = _forward(state, 0.0, 10)
+    assert setup.ids == [2, 3]
+    assert predict(setup).predicted  # the candidates could place them

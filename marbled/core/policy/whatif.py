@@ -358,7 +358,9 @@ def _forward(state: State, now: float, waiting: int,
     if any(j.state is not JobState.RUNNING for j in engaged):
         return None  # a checkpoint is being written: plan on what it leaves
     ids: list[int] = []
-    for job in sorted([*engaged, *islice(state.waiting(), waiting)], key=lambda j: j.id):
+    # not the jobs these nodes can never hold (no candidate could place them: no plan at all)
+    fits = (j for j in state.waiting() if state.misfit_of(j.id) is None)
+    for job in sorted([*engaged, *islice(fits, waiting)], key=lambda j: j.id):
         # not a job that waits for one beyond the plan (deps are earlier jobs, so kept first)
         if all(a in ids or state.outcome(a) is JobState.DONE for a in job.after):
             ids.append(job.id)
