@@ -28,28 +28,33 @@ def test_the_same_job_alone_on_its_fastest_count_behind_a_queue_on_one_then_grow
         [("done", 400)] * 5 + [("done", 3000)]
     runs = runs_by_job(daemon)
     assert [r["gpu_count"] for r in runs[1]] == [4]  # alone: its fastest count
-    for short in range(2, 7):
-        # On 2 each, as simulated, in one run: the first three end some 20-40 ms apart here
-        # (the simulator: at one instant), and the broker waits for the runs its progress
-        # reports say are due, so none starts on the GPU the first end frees to grow later.
-        # (A failure says when the runs ended: ends further apart than the broker waits for
-        # due runs, BrokerConfig.coalesce_max_s, are decided one at a time, as on a loaded
-        # machine they may be: seen once in 7 full runs of the suite.)
-        assert [r["gpu_count"] for r in runs[short]] == [2], (short, [
-            (r["job_id"], r["gpu_count"], r["started_at"], r["ended_at"])
-            for j in range(2, 8) for r in runs[j]])
+    timeline = [(r["job_id"], r["gpu_count"], r["started_at"], r["ended_at"])
+                for j in range(2, 8) for r in runs[j]]
+    # Behind the queue, on fewer than the 3 it would take alone (sized by the load)
+    assert all(r["gpu_count"] <= 2 for j in range(2, 7) for r in runs[j]), timeline
     queued = runs[7]
-    # Two GPUs beside the last two short jobs, then 4 once they are done: grown once, not at
-    # each of their ends, and never suspended before it has trained.
-    assert [r["gpu_count"] for r in queued] == [2, 4]
-    assert queued[0]["end_step"] > 0
+    # Then 4 once the short jobs are done, each move from its checkpoint, never suspended
+    # before it has trained
+    assert queued[-1]["gpu_count"] == 4 and queued[0]["end_step"] > 0, timeline
+    counts = [r["gpu_count"] for r in queued]
+    assert counts == sorted(counts) and len(counts) >= 2, timeline
     assert [r["end_reason"] for r in queued] == ["suspended"] * (len(queued) - 1) + ["done"]
     for before, after in zip(queued, queued[1:], strict=False):
         assert before["end_step"] == after["start_step"] < 3000  # from its checkpoint
-    assert queued[-1]["start_step"] > 0
     acks = daemon.query("SELECT run_id FROM events WHERE kind = 'acknowledged' AND job_id = 7")
     assert [a["run_id"] for a in acks] == [r["id"] for r in queued[:-1]]
     why = daemon.query("SELECT data FROM events WHERE kind = 'suspend-requested' AND job_id = 7")
     assert len(why) == len(queued) - 1
-    assert "adaptive: 2 -> " in why[0]["data"] and "to grow into idle GPUs" in why[0]["data"]
+    assert "adaptive: " in why[-1]["data"] and "to grow into idle GPUs" in why[-1]["data"]
+    # As simulated (the three first short jobs end at one instant there), when their ends
+    # here fall within the broker's wait for the runs due to end (coalesce_max_s, 0.5 s;
+    # some 20-40 ms apart on a quiet machine): one decision at their ends, so each short
+    # job runs once on 2, and the long one on 2 beside the last two, then on 4 once, not
+    # grown at each of their ends. Process start-ups on a loaded machine can put the ends
+    # further apart (0.8 s in a CI rehearsal); then the broker decides at each end, by
+    # design, and tests/broker/test_staggered_ends.py checks the waiting on a fake clock.
+    first = [runs[j][0] for j in (2, 3, 4)]
+    if max(r["ended_at"] for r in first) - min(r["ended_at"] for r in first) <= 0.5:
+        assert all([r["gpu_count"] for r in runs[j]] == [2] for j in range(2, 7)), timeline
+        assert counts == [2, 4], timeline
     check_no_gpu_shared(daemon.runs())
