@@ -24,6 +24,7 @@ dependency, a name, a view). The state counts the ended ones all the same (`ende
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
@@ -82,6 +83,7 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
         done = row.step
         if run is not None:  # its node left with its allocation, and the run with it
             code = runs.files.exit_code(row.id, run.id)
+            killed = code is None and _kill_left_behind(runs, row.id, run)
             said = _ended_by(runs, row.id, run.id) if code else None
             end = _unwatched_end(runs, row, run, state,
                                  None if ended_with_allocation(code, said) else code)
@@ -90,12 +92,30 @@ def recover(store: Store, runs: Runs, nodes: Collection[str], add: Add, expect: 
                 job.id, run.id, at=runs.clock.time(), exit_code=code,
                 reason=end.outcome.value, outcome=end.outcome, end_step=end.end_step,
                 start_step=runs.files.progress(row.id, run.id).get("start_step"),
-                detail=f"{why}; node {run.node} left with its allocation", recovered=True,
+                detail=f"{why}; node {run.node} left with its allocation" + (
+                    "; its process still ran on this host: killed" if killed else ""),
+                recovered=True,
                 **({"ended_by": said} if said else {}))
             state, done = end.outcome, done if end.end_step is None else end.end_step
         elif state.holds_gpus:
             state = JobState.SUSPENDED
         add(replace(job, state=state), job_spec(row, environments), done)
+
+
+def _kill_left_behind(runs: Runs, job_id: int, run) -> bool:
+    """Kill the process of a run on a node this allocation does not have, where it still
+    lives on this host (nodes emulated on this machine, or an allocation not ended yet):
+    its job runs again, and two runs of one job must never run at once (a plain command
+    completed twice: a broker of two emulated nodes killed, the next on one). Whether it
+    lived."""
+    if run.pid is None:
+        return False
+    handle = runs.launcher.adopt(run.pid, run.pid_start, runs.files.dir(job_id), run.id)
+    if not handle.signal(signal.SIGKILL):
+        return False
+    runs.ledger.event("stop", runs.clock.time(), job_id, run.id, signal="SIGKILL",
+                      reason=f"its node {run.node} is not in this allocation")
+    return True
 
 
 def _ended_by(runs: Runs, job_id: int, run_id: int) -> dict | None:

@@ -197,3 +197,27 @@ def test_a_cancel_the_broker_died_before_carrying_out_is_carried_out_by_the_next
     assert final == {"slow": "cancelled", "waits": "done" if not queued else "cancelled"}
     assert completions(marks, "slow") == 1, "the cancelled command was started again"
     assert len(runs_of(d, "slow")) == 1
+
+
+def test_a_run_left_alive_on_a_node_the_next_broker_lacks_is_killed_not_run_beside(
+        daemon_factory, tmp_path):
+    """A broker of two emulated nodes killed -9 while a plain command runs on node0; the next
+    broker has one node (the host's), so node0 'left with its allocation', but the command
+    still runs on this machine. Before, the job ran again beside it and the command completed
+    twice; now the process is killed first, and the command completes once, in the rerun."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    state = tmp_path / "state"
+    first = daemon_factory("--nodes", "2", gpus=4, state_dir=state)
+    first.submit(plain("p", marks, "sleep 3"))
+    first.wait_for(lambda: running_pids(first).get("p"), what="its pid recorded")
+    (old,) = runs_of(first, "p")
+    first.stop(signal.SIGKILL)
+    second = daemon_factory(gpus=2, state_dir=state)
+    assert [j["state"] for j in second.wait_all(timeout=30)] == ["done"]
+    time.sleep(3.5)  # as long as the command of the first run would have taken
+    assert completions(marks, "p") == 1
+    ended, rerun = runs_of(second, "p")
+    assert ended["node"] == old["node"] != rerun["node"]
+    stops = second.query("SELECT data FROM events WHERE kind = 'stop' AND run_id = ?", old["id"])
+    assert len(stops) == 1 and "is not in this allocation" in stops[0]["data"]
