@@ -113,9 +113,10 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
             while True:
                 answer = call(poll, f"/v1/wait?timeout={hold:g}{named}")
                 answered = True
+                if answer["ended"]:
+                    unfit.update(answer.get("cannot_run") or {})
                 if answer["ended"] and not last_part:
                     settled.update(answer["jobs"])
-                    unfit.update(answer.get("cannot_run") or {})
                     break
                 counts = settled + Counter(answer["jobs"])
                 total = len(ids) or sum(counts.values())
@@ -135,7 +136,6 @@ def wait_for(ctx: click.Context, api: BrokerClient, ids: list[int], timeout: flo
                         bar.stop()
                     if as_json:
                         output(ctx, as_json, {"jobs": _views(api, ids)}, lambda: None)
-                    unfit.update(answer.get("cannot_run") or {})
                     for job, why in unfit.items():
                         click.echo(f"note: job {job} cannot run in this allocation: {why}; "
                                    f"{UNFIT_WAIT}", err=True)

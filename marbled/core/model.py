@@ -158,8 +158,7 @@ def misfit(job: Job, sizes: list[int]) -> str | None:
             sum(size >= per for size in sizes) >= k
             for k, per in shapes(job.demand, job.nodes, job.nodes_min))):
         return None
-    many = {*sizes} if sizes else {0}
-    have = f"{gpus_text(min(many))}" if len(many) == 1 else f"{min(many)}-{max(many)} GPUs"
+    have = gpus_text(sizes[0]) if len(set(sizes)) == 1 else f"{min(sizes)}-{max(sizes)} GPUs"
     where = "" if job.nodes > 1 else " on one node"
     return (f"it asks for {shape_text(job.demand, job.nodes, job.nodes_min)}{where}, and "
             f"this allocation has {len(sizes)} node{'s' if len(sizes) != 1 else ''} of {have}")

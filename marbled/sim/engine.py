@@ -34,8 +34,8 @@ from marbled.core.decision import RunawayPolicy, settle, starting_up
 from marbled.core.learning import LearnedBook, Learning
 from marbled.core.model import Job, JobState, Node, Placement, Role, Start, State, Suspend
 from marbled.core.policy.base import Policy
-from marbled.core.policy.spread import shapes
 from marbled.core.profiles import ProfileBook, ThroughputCurve
+from marbled.core.shapes import shapes
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.sim.workloads import Arrival
 

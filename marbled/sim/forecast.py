@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import NamedTuple
 
 from marbled.core.policy.base import Policy
@@ -68,10 +67,11 @@ class Forecast:
 
 def forecast(jobs: list[Left], book: ProfileBook, policy: Policy, node_sizes: list[int],
              now: float, scale: float = 1.0, budget_s: float = BUDGET_S,
-             unfit: Mapping[int, str] = MappingProxyType({})) -> Forecast:
+             unfit: Mapping[int, str] | None = None) -> Forecast:
     """`scale`: broker seconds per profiled second (--time-scale for emulated jobs); a
     simulation that needs more than `budget_s` gives up and says so. `unfit`: the jobs the
     nodes can never hold (`State.unfit`), left out with why."""
+    unfit = unfit or {}
     left_out = {**{i: f"it cannot run in this allocation: {why}" for i, why in unfit.items()},
                 **unplayable([j for j in jobs if j.id not in unfit], book)}
     jobs = [j for j in jobs if j.id not in left_out]

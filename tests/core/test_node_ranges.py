@@ -8,7 +8,8 @@ import pytest
 
 from marbled.core.model import Job, JobState, Role, Start, State
 from marbled.core.policy import POLICIES, get_policy
-from marbled.core.policy.spread import shapes, take_spread
+from marbled.core.policy.spread import take_spread
+from marbled.core.shapes import shapes
 from marbled.core.spec import JobSpec, SpecError, size_job
 from marbled.resources import load_profile
 from tests.core.test_multinode import _run

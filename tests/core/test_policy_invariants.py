@@ -27,8 +27,8 @@ from marbled.core.model import (
 from marbled.core.policy import POLICIES, get_policy
 from marbled.core.policy.base import dependency_status
 from marbled.core.policy.malleable import GUARD_S
-from marbled.core.policy.spread import shapes
 from marbled.core.profiles import ThroughputCurve
+from marbled.core.shapes import shapes
 
 MAX_ITERATIONS = 500
 

@@ -18,8 +18,6 @@ from marbled.core.model import Job
 from marbled.core.policy.base import take_nodes
 from marbled.core.shapes import shapes
 
-__all__ = ["first_shape", "shapes", "take_spread"]
-
 T = TypeVar("T")
 
 
