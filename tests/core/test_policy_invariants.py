@@ -310,7 +310,10 @@ def _followed(policy, name: str) -> str:
     return getattr(followed, "following", driver.split("(")[0])
 
 
-def drive(policy_name: str, scenario: Scenario, data) -> State:
+def drive(policy_name: str, scenario: Scenario, data, stay: frozenset[int] = frozenset()
+          ) -> State:
+    """Decide, apply and let random events happen until every job has ended, but `stay`:
+    jobs the nodes can never hold (tests/core/test_unfit.py), which must never start."""
     policy = get_policy(policy_name)
     state = scenario.state()
     check_state(state)
@@ -319,6 +322,7 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
         actions = policy.decide(state)
         assert state.jobs == snapshot.jobs, "decide() changed the state"
         check_decision(_followed(policy, policy_name), snapshot, actions)
+        assert not [a for a in actions if isinstance(a, Start) and a.job in stay], actions
         for action in actions:
             job = state.apply(action)
             if isinstance(action, Start):  # ends far off (reshapable) or soon or unknown
@@ -336,7 +340,7 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
             again = policy.decide(state)
             assert not [a for a in again if isinstance(a, Suspend) and a.job in started], (
                 f"jobs started and at once suspended: {again}")
-        if not state.active():
+        if {j.id for j in state.active()} <= stay:
             break
         events = [("end", j.id) for j in state.jobs.values() if j.state.holds_gpus]
         events += [
@@ -352,7 +356,8 @@ def drive(policy_name: str, scenario: Scenario, data) -> State:
         else:
             state.suspended(job_id)
         check_state(state)
-    assert not state.active(), f"not finished after {MAX_ITERATIONS} iterations: {state.jobs}"
+    assert {j.id for j in state.active()} <= stay, \
+        f"not finished after {MAX_ITERATIONS} iterations: {state.jobs}"
     return state
 
 

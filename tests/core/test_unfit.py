@@ -10,15 +10,7 @@ from hypothesis import strategies as st
 
 from marbled.core.model import Job, JobState, Node, Start, State, misfit
 from marbled.core.policy import POLICIES, get_policy
-from tests.core.test_policy_invariants import (
-    Scenario,
-    _followed,
-    check_decision,
-    check_state,
-    scenarios,
-)
-
-MAX_ITERATIONS = 500
+from tests.core.test_policy_invariants import Scenario, drive, scenarios
 
 
 @st.composite
@@ -51,41 +43,13 @@ def with_unfit(draw, multi_node: bool = False) -> tuple[Scenario, set[int]]:
     return Scenario(sizes, tuple(jobs)), {order[i] for i in unfit}
 
 
-def drive(policy_name: str, scenario: Scenario, unfit: set[int], data) -> State:
-    """The invariants' driver loop, until every job left is one the nodes cannot hold."""
-    policy = get_policy(policy_name)
-    state = scenario.state()
-    assert set(state.unfit()) == unfit
-    for _ in range(MAX_ITERATIONS):
-        actions = policy.decide(state)
-        check_decision(_followed(policy, policy_name),
-                       State(nodes=state.nodes, jobs=dict(state.jobs)), actions)
-        assert not [a for a in actions if isinstance(a, Start) and a.job in unfit], actions
-        for action in actions:
-            state.apply(action)
-            check_state(state)
-        if {j.id for j in state.active()} <= unfit:
-            return state
-        events = [j.id for j in state.jobs.values() if j.state.holds_gpus]
-        events += [j.id for j in state.jobs.values() if j.state is JobState.SUSPENDING]
-        if not events:
-            assert actions, f"deadlock behind jobs that cannot run here: {state.jobs}"
-            continue
-        job_id = data.draw(st.sampled_from(events), label="event")
-        if state.jobs[job_id].state is JobState.SUSPENDING:
-            state.suspended(job_id)
-        else:
-            state.finished(job_id, JobState.DONE)
-        check_state(state)
-    raise AssertionError(f"not finished after {MAX_ITERATIONS} iterations: {state.jobs}")
-
-
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @settings(max_examples=40, deadline=None)
 @given(drawn=with_unfit(), data=st.data())
 def test_every_policy_runs_the_others_past_jobs_that_cannot_run_here(policy, drawn, data):
     scenario, unfit = drawn
-    state = drive(policy, scenario, unfit, data)
+    assert set(scenario.state().unfit()) == unfit
+    state = drive(policy, scenario, data, stay=frozenset(unfit))
     assert {j.id for j in state.active()} == unfit  # still queued, for a larger allocation
     assert all(state.jobs[i].state is JobState.QUEUED for i in unfit)
 
@@ -95,7 +59,8 @@ def test_every_policy_runs_the_others_past_jobs_that_cannot_run_here(policy, dra
 @given(drawn=with_unfit(multi_node=True), data=st.data())
 def test_with_multi_node_jobs_and_ranges(policy, drawn, data):
     scenario, unfit = drawn
-    state = drive(policy, scenario, unfit, data)
+    assert set(scenario.state().unfit()) == unfit
+    state = drive(policy, scenario, data, stay=frozenset(unfit))
     assert {j.id for j in state.active()} == unfit
 
 
