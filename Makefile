@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALL := $(BIN)/pip install --quiet -e '.[broker,test,docs,bench,tensorflow-cpu,plot,rl]' \
 	'torch==2.13.0'
 
-.PHONY: venv demo test lint docs docs-serve clean gpu-wheels
+.PHONY: venv demo test prepare lint docs docs-serve clean gpu-wheels
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("marbled needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -29,16 +29,20 @@ demo: venv
 ## WORKERS pytest-xdist workers run the tests side by side (half of a test's time is spent
 ## waiting on processes it started: 4 on 2 cores keeps both busy); the packaging tier (one
 ## wheel and venv), each half of the Slurm tier (commands, pyslurm) and each module with a
-## module-scoped fixture run in order on one worker (tests/conftest.py). The Slurm tier's
-## pyslurm is built meanwhile; its first test waits for it.
+## module-scoped fixture run in order on one worker (tests/conftest.py). What the tiers need
+## besides the venv (Debian packages, the Slurm tier's pyslurm) is made in the background
+## from the start, while pip keeps one core busy (tests/prepare.sh); a test that needs it
+## first waits for it.
 WORKERS ?= 4
-test: venv lint
-	-bash tests/debian-packages.sh libslurm-dev
-	PYTHON=$(BIN)/python bash tests/slurm/pyslurm.sh $(VENV)/pyslurm-22.5 >$(VENV)/pyslurm-build.log 2>&1 &
+test: prepare venv lint
 	# the project's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set, every broker,
 	# worker and CLI process the tests start would compile marbled from source (0.2 s each)
 	$(BIN)/python -m compileall -q -j 0 marbled >/dev/null
 	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=25 $(if $(TIER),-m "$(TIER)")
+
+prepare:
+	mkdir -p $(VENV)
+	bash tests/prepare.sh $(PYTHON) $(VENV)/pyslurm-22.5 >$(VENV)/prepare.log 2>&1 &
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh up|down|status - a throw-away Slurm 22.05 cluster on this machine, for the
+# cluster.sh up|down|status|install - a throw-away Slurm 22.05 cluster on this machine, for the
 # Slurm test tier: munged + slurmctld + one slurmd per node, every node with fake GPUs.
 #
 # Needs root. Installs the Debian packages (slurmctld slurmd slurm-client munge) when
@@ -207,5 +207,6 @@ case ${1:-} in
   up) up ;;
   down) [ "$(id -u)" = 0 ] || die "needs root"; down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  install) [ "$(id -u)" = 0 ] || die "needs root"; install_packages ;;  # the packages alone
+  *) echo "usage: $0 up|down|status|install" >&2; exit 2 ;;
 esac

@@ -4,7 +4,8 @@
 # pyslurm, so the CLI path is tested as a site without it has it). No-op when TARGET holds a build
 # of the same archive. Steps as ../shared/vendor/README.md gives them: libslurm-dev, Cython < 3,
 # --no-build-isolation. Prints the seconds it took; exit 1 with the reason on stderr on failure.
-# MARBLE_PYSLURM_SRC names another source archive; PYTHON the interpreter to build for.
+# MARBLE_PYSLURM_SRC names another source archive; PYTHON the interpreter to build for (the
+# venv's, or the python3 it is made from: one ABI; that one need not have pip).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -31,7 +32,7 @@ bash "$repo/tests/debian-packages.sh" libslurm-dev >&2   # slurm.h and libslurm.
 SLURM_LIB_DIR=/usr/lib/$(gcc -dumpmachine) SLURM_INCLUDE_DIR=/usr/include CFLAGS="-O0 -g0" \
   "$target/build-env/bin/pip" wheel --quiet --no-deps --no-build-isolation \
   --wheel-dir "$target/wheel" "$src" >&2
-"$python" -m pip install --quiet --no-deps --target "$target/lib" "$target"/wheel/pyslurm-*.whl >&2
+"$target/build-env/bin/pip" install --quiet --no-deps --target "$target/lib" "$target"/wheel/pyslurm-*.whl >&2
 rm -rf "$target/build-env"
 PYTHONPATH="$target/lib" "$python" -c 'import pyslurm; pyslurm.version()' >&2
 echo "$sum" > "$stamp"
