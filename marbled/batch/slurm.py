@@ -203,6 +203,11 @@ def node_address(node: str) -> str:
     return found.group(1) if found else node
 
 
+# The signals on their way (scancel runs): the loop keeps only weak references to tasks, and
+# a run's handle may be dropped as soon as it has asked (recovery's kill of a run left behind)
+_DELIVERING: set[asyncio.Task] = set()
+
+
 @dataclass
 class SlurmStep(StepRun):
     """One run: watched through its srun process, signalled through scancel."""
@@ -215,6 +220,8 @@ class SlurmStep(StepRun):
             return False
         if sig:
             self._last = asyncio.get_running_loop().create_task(self._deliver(sig, self._last))
+            _DELIVERING.add(self._last)
+            self._last.add_done_callback(_DELIVERING.discard)
         return True
 
     def ended_by(self, stderr: str) -> dict | None:
@@ -232,7 +239,9 @@ class SlurmStep(StepRun):
         if info and info.get("step_id"):
             name = signal.Signals(sig).name.removeprefix("SIG")
             proc = await asyncio.create_subprocess_exec(
-                "scancel", "--quiet", f"--signal={name}", f"{self.job_id}.{info['step_id']}",
+                # the step's own job: an earlier allocation's, for a run left behind
+                "scancel", "--quiet", f"--signal={name}",
+                f"{info.get('job_id') or self.job_id}.{info['step_id']}",
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL)
             await proc.wait()
