@@ -245,7 +245,9 @@ def test_lenet_promoted_by_daemon_on_emulated_gpus_resumes_bit_identical(daemon_
     ref_dir = tmp_path / "reference"
     ref = _launch(ref_dir, ["--steps", str(steps), "--loss-log", str(tmp_path / "ref.log")],
                   managed=False)
-    daemon = daemon_factory("--suspend-timeout", "30", gpus=4)
+    # --no-learn: its moves are the subject; with learning, speeds that a loaded CPU makes
+    # contradict the profile moved the job a third time to explore (a CI rehearsal, 5 workers)
+    daemon = daemon_factory("--suspend-timeout", "30", "--no-learn", gpus=4)
     log = tmp_path / "job.log"
     daemon.submit({"gpus": 3, "command": ["sleep", "600"]},
                   {"model": "lenet", "steps": steps,
@@ -290,7 +292,10 @@ def test_lenet_per_gpu_resumed_on_two_ranks_stays_on_the_one_process_trajectory(
     ref_dir = tmp_path / "reference"
     ref = _launch(ref_dir, ["--steps", str(steps), "--loss-log", str(tmp_path / "ref.log")],
                   managed=False)
-    daemon = daemon_factory("--suspend-timeout", "30", gpus=4, env={"OMP_NUM_THREADS": "1"})
+    # --no-learn: its moves are the subject; with learning, speeds that a loaded CPU makes
+    # contradict the profile moved the job a third time to explore (a CI rehearsal, 5 workers)
+    daemon = daemon_factory("--suspend-timeout", "30", "--no-learn", gpus=4,
+                            env={"OMP_NUM_THREADS": "1"})
     log = tmp_path / "job.log"
     daemon.submit({"gpus": 3, "command": ["sleep", "600"]},
                   {"model": "lenet", "steps": steps, "per_gpu": True,
