@@ -238,6 +238,16 @@ class StepRun(ABC):
         from its record in the step's `stderr`; None if it did not."""
         return None
 
+    def allocation_of_its_own(self) -> str | None:
+        """The allocation the step ran in where it is not the broker's (a run an earlier
+        broker launched in an earlier allocation, adopted on a node of the same name):
+        when that allocation ends, so does the step, and not by the job's doing. None where
+        it is the broker's, or the step never said."""
+        info = read_json(rank_file(self.info_file, 0))
+        if not info or info.get("run_id") != self.run_id or not info.get("job_id"):
+            return None
+        return None if str(info["job_id"]) == str(self.job_id) else str(info["job_id"])
+
     async def placement(self, timeout: float = 3600.0) -> dict | None:
         """What the step reported about itself (step id, node, GPUs); None if it never did.
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from marbled.batch.base import Launcher
 from marbled.core.model import Job, JobState, Start, State
-from marbled.core.outcome import RunEnd, run_outcome
+from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
@@ -332,6 +332,13 @@ class Runs:
         spec = self.specs[live.job_id]
         suspending = self.state.jobs[live.job_id].state is JobState.SUSPENDING
         progress = self.files.progress(live.job_id, live.run_id)
+        ended_by = getattr(live.handle, "ended_by", None)
+        other = getattr(live.handle, "allocation_of_its_own", lambda: None)() if code else None
+        if other and ended_with_allocation(code, ended_by(self.files.stderr_tail(
+                live.job_id, live.run_id))):
+            # a run of an earlier allocation that ended with it, as one on a node that left
+            # (recovery): not the job's failure; it runs again from its last checkpoint
+            code = None
         end = run_outcome(code=code, cancelled=live.cancel, suspending=suspending,
                           escalated=live.escalated, reason=live.reason, ack=live.acked,
                           progress_step=progress.get("step"), target_steps=spec.steps,
@@ -342,7 +349,8 @@ class Runs:
         if progress.get("phases"):
             extra["phases"] = progress["phases"]
         why, retry_at = end.why, None
-        ended_by = getattr(live.handle, "ended_by", None)
+        if other and code is None:
+            why = f"{why}; its allocation {other} ended, and the run with it"
         said = (ended_by(self.files.stderr_tail(live.job_id, live.run_id))
                 if ended_by and end.outcome is not JobState.DONE else None)
         refusals = self._refused.pop(live.job_id, 0) + bool(said and said.get("never_ran"))
