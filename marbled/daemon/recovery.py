@@ -108,9 +108,10 @@ def _kill_left_behind(runs: Runs, job_id: int, run) -> bool:
     its job runs again, and two runs of one job must never run at once (a plain command
     completed twice: a broker of two emulated nodes killed, the next on one). Whether it
     lived."""
-    if run.pid is None:
+    pid, pid_start = _process(runs, job_id, run)
+    if pid is None:
         return False
-    handle = runs.launcher.adopt(run.pid, run.pid_start, runs.files.dir(job_id), run.id)
+    handle = runs.launcher.adopt(pid, pid_start, runs.files.dir(job_id), run.id)
     if not handle.signal(signal.SIGKILL):
         return False
     runs.ledger.event("stop", runs.clock.time(), job_id, run.id, signal="SIGKILL",
@@ -138,15 +139,22 @@ def _unwatched_end(runs: Runs, row, run, state: JobState, code: int | None) -> R
                        target_steps=row.steps, start_step=run.start_step, recovered=True)
 
 
+def _process(runs: Runs, job_id: int, run) -> tuple[int | None, int | None]:
+    """The pid of an open run's process, and its start time; where the broker died before
+    it could record them, the process launched for the run, if any (recorded now)."""
+    if run.pid is not None:
+        return run.pid, run.pid_start
+    pid = find_launched_process(str(runs.files.dir(job_id)), run.id)
+    pid_start = process_start_time(pid) if pid else None
+    if pid:
+        runs.ledger.run_process(run.id, pid, pid_start)
+    return pid, pid_start
+
+
 def _adopt(runs: Runs, job_id: int, state: JobState, run) -> None:
     """Watch the process of an open run (the job is in the state already)."""
     run_dir = runs.files.dir(job_id)
-    pid, pid_start = run.pid, run.pid_start
-    if pid is None:  # the broker died before it could record the pid
-        pid = find_launched_process(str(run_dir), run.id)
-        pid_start = process_start_time(pid) if pid else None
-        if pid:
-            runs.ledger.run_process(run.id, pid, pid_start)
+    pid, pid_start = _process(runs, job_id, run)
     handle = runs.launcher.adopt(pid or 0, pid_start, run_dir, run.id)
     alive = handle.signal(0)
     runs.ledger.event("adopted", runs.clock.time(), job_id, run.id, pid=pid, alive=alive)

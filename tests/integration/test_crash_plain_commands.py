@@ -199,12 +199,16 @@ def test_a_cancel_the_broker_died_before_carrying_out_is_carried_out_by_the_next
     assert len(runs_of(d, "slow")) == 1
 
 
+@pytest.mark.parametrize("pid_recorded", [True, False])
 def test_a_run_left_alive_on_a_node_the_next_broker_lacks_is_killed_not_run_beside(
-        daemon_factory, tmp_path):
+        daemon_factory, tmp_path, pid_recorded):
     """A broker of two emulated nodes killed -9 while a plain command runs on node0; the next
     broker has one node (the host's), so node0 'left with its allocation', but the command
     still runs on this machine. Before, the job ran again beside it and the command completed
-    twice; now the process is killed first, and the command completes once, in the rerun."""
+    twice; now the process is killed first, and the command completes once, in the rerun.
+    Also where the broker died before it recorded the run's pid (the record's pid cleared,
+    as that race leaves it): the process launched for the run is found, as for an adopted
+    run; before, such a run was not searched for, and its command completed twice."""
     marks = tmp_path / "marks"
     marks.mkdir()
     state = tmp_path / "state"
@@ -213,6 +217,10 @@ def test_a_run_left_alive_on_a_node_the_next_broker_lacks_is_killed_not_run_besi
     first.wait_for(lambda: running_pids(first).get("p"), what="its pid recorded")
     (old,) = runs_of(first, "p")
     first.stop(signal.SIGKILL)
+    if not pid_recorded:
+        with sqlite3.connect(state / "marble.db") as con:
+            con.execute("UPDATE runs SET pid = NULL, pid_start = NULL WHERE id = ?",
+                        (old["id"],))
     second = daemon_factory(gpus=2, state_dir=state)
     assert [j["state"] for j in second.wait_all(timeout=30)] == ["done"]
     time.sleep(3.5)  # as long as the command of the first run would have taken
