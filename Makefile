@@ -27,14 +27,16 @@ demo: venv
 
 ## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier.
 ## WORKERS pytest-xdist workers run the tests side by side (half of a test's time is spent
-## waiting on processes it started: 5 on 2 cores keep both busy, where 4 left a core idle
-## for minutes of a CI run, in the tests that wait for real time); the packaging tier (one
+## waiting on processes it started: 4 on 2 cores keep both busy but for minutes of tests that
+## wait for real time; 5 fill those, 60 s sooner, but load the CPU so that jobs' measured
+## speeds drift from their profiles, and tests that read a job's GPU counts failed 2 runs in
+## 5 as learning acted on them); the packaging tier (one
 ## wheel and venv), each half of the Slurm tier (commands, pyslurm) and each module with a
 ## module-scoped fixture run in order on one worker (tests/conftest.py). What the tiers need
 ## besides the venv (Debian packages, the Slurm tier's pyslurm) is made in the background
 ## from the start, while pip keeps one core busy (tests/prepare.sh); a test that needs it
 ## first waits for it.
-WORKERS ?= 5
+WORKERS ?= 4
 test: prepare venv lint
 	# the project's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set, every broker,
 	# worker and CLI process the tests start would compile marbled from source (0.2 s each)
