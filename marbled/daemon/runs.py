@@ -311,6 +311,10 @@ class Runs:
             # It may have exited before we saw its marker -- or before a broker that
             # restarted knew it had been asked to suspend.
             self._read_ack(live)
+        elif live.acked["via"] == "SIGUSR1" and (ack := self.files.ack(live.job_id, live.run_id)):
+            # A lone SIGUSR1 was taken for its answer, but may have been a late one of another
+            # run's: its own marker, written since, says at which step it stopped
+            live.acked = {**ack, "via": "marker"}
         live.clear_timers()
         now = self.clock.time()  # one instant: the end recorded is where a retry counts from
         self._observe(live, now)

@@ -107,6 +107,33 @@ async def test_sigusr1_without_a_marker_acknowledges_the_only_suspending_run(tmp
 
 
 @in_loop
+async def test_a_late_sigusr1_of_another_run_does_not_lose_the_step_of_the_one_it_was_given_to(
+        tmp_path):
+    """Two runs suspended: the first's marker is seen by a look, its SIGUSR1 comes after and is
+    taken for the answer of the only run still suspending, which then writes its own marker
+    and exits: its run ends at its marker's step, not at an unknown one (a CI run of
+    test_suspend_resume.py's shutdown test recorded step 0 for such a job and ran it again
+    from the start)."""
+    async with running_broker(tmp_path) as h:
+        first, second = h.submit(**JOB, gpus=2), h.submit(**JOB, gpus=2)
+        await pump()
+        one, two = h.launcher.runs
+        one.report(10)
+        two.report(10)
+        h.broker.suspend(first)
+        h.broker.suspend(second)
+        one.acknowledge(30)
+        await h.clock.advance(1.0)  # a look finds the first marker
+        h.broker.runs.check_acks(by_signal=True)  # the first run's SIGUSR1, late
+        two.acknowledge(45)
+        one.exit(0)
+        two.exit(0)
+        await pump()
+        assert [(r.end_reason, r.end_step) for r in h.runs(second)][0] == ("suspended", 45)
+        assert [r.end_step for r in h.runs(first)][0] == 30
+
+
+@in_loop
 async def test_run_that_ends_its_steps_before_seeing_the_suspension_is_done(tmp_path):
     async with running_broker(tmp_path) as h:
         job = h.submit(**JOB)

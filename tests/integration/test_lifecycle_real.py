@@ -130,19 +130,28 @@ def test_a_reshaping_policy_through_kills_and_shutdowns_on_two_nodes(tmp_path):
     """Malleable (it reshapes runs at every arrival and end) on two nodes of 4 GPUs, five
     faults at short random pauses, under protocol jobs (one a plain command that speaks the
     protocol at half its profile's speed), plain commands and a per-GPU plain command (two
-    ranks, each marking its completion): every job is done exactly once. Such a hunt found
-    a plain command completed twice (test_crash_plain_commands.py keeps that case)."""
+    ranks, each marking its completion with its run): every job is done exactly once. Such a
+    hunt found a plain command completed twice (test_crash_plain_commands.py keeps that case).
+    A per-GPU plain command is done once when one run of it completed every rank: a stop that
+    came between its ranks' ends (a shutdown's, when rank 0 is a few milliseconds ahead) ran
+    it again whole, rank 0 too, as any plain command stopped runs again (docs/lifecycle.md)."""
     slow = {"model": "inception-v3", "steps": 600, "command": [  # the broker runs at 0.01
         sys.executable, "-m", "marbled.worker.emulate", "--model", "inception-v3",
         "--steps", "600", "--time-scale", "0.02"]}
     emulated = [*EMULATED, {"model": "vgg-16", "steps": 800, "emulate": True}, slow]
     out = tmp_path / "out"
-    ranks = {"command": ["sh", "-c", f"sleep 0.3; echo $RANK >> {out / 'ranks.txt'}"],
+    mark = f"sleep 0.3; echo $MARBLE_RUN_ID $RANK >> {out / 'ranks.txt'}"
+    ranks = {"command": ["sh", "-c", mark],
              "gpus": 2, "per_gpu": True, "name": "ranks"}
     faults = ["kill", "shutdown", "kill", "kill", "shutdown"]
     jobs, final, runs, out = chaos(tmp_path, faults, 16, 3, "--policy", "malleable",
                                    "--nodes", "2", emulated=emulated, extra=(ranks,),
                                    pause=(0.05, 0.8))
     assert not problems(jobs, final, runs, out, 3, len(emulated))
-    assert sorted((out / "ranks.txt").read_text().split()) == ["0", "1"]
+    lines = (out / "ranks.txt").read_text().splitlines()
+    marks = [tuple(map(int, line.split())) for line in lines]  # (run, rank)
+    assert len(set(marks)) == len(marks), f"a rank of one run completed twice: {marks}"
+    complete = {r for r, _ in marks if {rank for run, rank in marks if run == r} == {0, 1}}
+    done = [r["id"] for r in runs if r["job_id"] == jobs[-1]["id"] and r["end_reason"] == "done"]
+    assert complete == set(done) and len(done) == 1, (marks, done)
     assert len(runs) > len(jobs), "no fault came while a job ran: nothing was tested"
