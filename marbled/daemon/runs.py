@@ -38,6 +38,8 @@ from marbled.daemon.run_failures import failure_reason, refused_start
 from marbled.daemon.workfiles import JobFiles
 
 log = logging.getLogger("marbled")
+# A SIGUSR1 this soon after a marker was found may be that job's, sent after its marker
+LATE_SIGUSR1 = 2.0
 
 
 class Runs:
@@ -61,6 +63,7 @@ class Runs:
         self._refused: dict[int, int] = {}  # job -> refusals of its step in a row
         self.standby = Standbys(launcher.launch, spawn, self._record)
         self._look: Timer | None = None  # the next look for acknowledgement markers
+        self._marker_at = float("-inf")  # when a marker was last found
 
     def _record(self, kind: str, job_id: int | None = None, run_id: int | None = None,
                 **data) -> None:
@@ -271,11 +274,14 @@ class Runs:
 
         The marker file says which run and which step. A SIGUSR1 that comes with no
         marker (a job speaking only the paper's protocol) acknowledges the one run
-        being suspended; with several, their markers or exits decide.
+        being suspended; with several, their markers or exits decide. Not within
+        LATE_SIGUSR1 of a marker found: then it is that job's late signal, and taken for
+        another run's answer it would cut that run's save short (kill_timeout).
         """
         waiting = self._suspending()
         found = [self._read_ack(live) for live in waiting]
-        if by_signal and len(waiting) == 1 and not any(found):
+        if by_signal and len(waiting) == 1 and not any(found) and \
+                self.clock.time() - self._marker_at > LATE_SIGUSR1:
             live = waiting[0]
             self._accept_ack(live, {"run_id": live.run_id, "step": None, "via": "SIGUSR1"})
 
@@ -283,6 +289,7 @@ class Runs:
         ack = self.files.ack(live.job_id, live.run_id)
         if ack is None:
             return False
+        self._marker_at = self.clock.time()  # its SIGUSR1 may come after: not another's
         self._accept_ack(live, {**ack, "via": "marker"})
         return True
 

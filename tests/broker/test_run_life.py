@@ -109,11 +109,12 @@ async def test_sigusr1_without_a_marker_acknowledges_the_only_suspending_run(tmp
 @in_loop
 async def test_a_late_sigusr1_of_another_run_does_not_lose_the_step_of_the_one_it_was_given_to(
         tmp_path):
-    """Two runs suspended: the first's marker is seen by a look, its SIGUSR1 comes after and is
-    taken for the answer of the only run still suspending, which then writes its own marker
-    and exits: its run ends at its marker's step, not at an unknown one (a CI run of
-    test_suspend_resume.py's shutdown test recorded step 0 for such a job and ran it again
-    from the start)."""
+    """Two runs suspended: the first's marker is seen by a look, and its SIGUSR1 comes after,
+    when the second is the only run still suspending. Before, it was taken for the second's
+    answer: the second's save got the kill timeout (10 s) instead of the suspend timeout, and
+    its run ended at no known step (a CI run of test_suspend_resume.py's shutdown test
+    recorded step 0 for such a job and ran it again from the start). Now the second answers
+    by its own marker, and its run ends at its step."""
     async with running_broker(tmp_path) as h:
         first, second = h.submit(**JOB, gpus=2), h.submit(**JOB, gpus=2)
         await pump()
@@ -125,11 +126,16 @@ async def test_a_late_sigusr1_of_another_run_does_not_lose_the_step_of_the_one_i
         one.acknowledge(30)
         await h.clock.advance(1.0)  # a look finds the first marker
         h.broker.runs.check_acks(by_signal=True)  # the first run's SIGUSR1, late
-        two.acknowledge(45)
         one.exit(0)
+        await h.clock.advance(30.0)  # the second saves for 30 s: past the kill timeout
+        assert two.signals == ["SIGTSTP"]
+        two.acknowledge(45)
+        await h.clock.advance(1.0)
         two.exit(0)
         await pump()
         assert [(r.end_reason, r.end_step) for r in h.runs(second)][0] == ("suspended", 45)
+        acks = [e.data["via"] for e in h.store.events(second) if e.kind == "acknowledged"]
+        assert acks == ["marker"]
         assert [r.end_step for r in h.runs(first)][0] == 30
 
 
