@@ -20,7 +20,8 @@ its own session, are not (docs/distributed.md). It
   may wait in a collective for the process group's timeout (30 minutes by default), so
   they are killed, with what any rank started, unless the run has acknowledged a
   suspension or been asked for one (rank 0 may still be saving; the broker's timeouts
-  bound that). It exits as the failed
+  bound that). It says so in the run's stderr once the ranks' last lines are out (the
+  last line: the failure's reason is read from the end), exits as the failed
   rank did and leaves RANK_FAILURE in the job's directory, naming the rank;
 - outlives SIGTERM (its ranks get it too) to collect their exits and output, and ends
   through os._exit: past sys.exit, the interpreter's finalization restores the default
@@ -340,6 +341,7 @@ def main(argv: list[str]) -> None:
             run.start(rank, extra)
     ranks = run.ranks
     failed: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
+    stopped = ""  # what this process says of the ranks it stopped, once their lines are out
     while ranks:
         pid, status = os.wait()
         rank = ranks.pop(pid, None)
@@ -352,8 +354,7 @@ def main(argv: list[str]) -> None:
                 _kill_all_but_me(ranks)
                 if ranks:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
-                    print(f"marbled: rank {rank} {how}; stopping the other {len(ranks)} "
-                          "rank(s)", file=sys.stderr, flush=True)
+                    stopped = f"marbled: rank {rank} {how}; stopping the other {len(ranks)} rank(s)"
     for proc in cancelled:  # they exit as they read their go: none outlives the run
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
@@ -361,6 +362,8 @@ def main(argv: list[str]) -> None:
     _remove(files)  # each rank has read its part by now, or is gone
     for relay in run.relays:  # a rank's own child may hold its pipe open: do not wait for it
         relay.join(timeout=1.0)
+    if stopped:  # the last line (a rank's line relayed after it was the last before)
+        print(stopped, file=sys.stderr, flush=True)
     if failed is None:
         _record_exit(0)
         _exit(0)

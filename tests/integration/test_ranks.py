@@ -474,3 +474,34 @@ def test_a_two_node_per_gpu_job_is_shown_with_its_nodes_and_ranks(daemon_factory
     assert row.index("node0") == header.index("GPUS")
     shown = marble("show", "1")
     assert "True: 4 ranks, one process per GPU (2 GPUs on each of 2 nodes)" in shown, shown
+
+
+CHATTY = '''
+import os, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(0.5)
+    sys.exit(3)
+n = 0
+while True:
+    n += 1
+    print(f"rank 0 line {n}", file=sys.stderr, flush=True)
+'''
+
+
+def test_the_stop_of_the_other_ranks_is_the_last_line_of_the_run_s_stderr(daemon_factory,
+                                                                          tmp_path):
+    """A rank that prints without a pause when another fails: its lines still in the pipe as
+    it is killed are relayed before the supervisor's "stopping the other rank(s)" line, not
+    after it (before, that line came in the middle of rank 0's last lines in 3 of 3 runs;
+    the failure's reason is read from the end of the log)."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    d = daemon_factory(gpus=2, env=ENV)
+    (job,) = d.submit({"command": [sys.executable, "chatty.py"], "gpus": 2, "per_gpu": True,
+                       "chdir": str(tmp_path)})
+    (failed,) = d.wait_all(timeout=30)
+    assert failed["state"] == "failed"
+    (run,) = d.runs()
+    lines = _log(d, job["id"], run["id"], "stderr").splitlines()
+    assert lines[-1] == "marbled: rank 1 exited with 3; stopping the other 1 rank(s)", \
+        lines[-3:]
+    assert sum("stopping the other" in line for line in lines) == 1
