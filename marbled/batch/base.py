@@ -21,7 +21,12 @@ from typing import ClassVar, Protocol
 
 from marbled.batch.step import rank_file
 from marbled.batch.supervise import process_stat, read_exit, step_exit_code
-from marbled.worker.protocol import read_json
+from marbled.worker.protocol import atomic_write_json, read_json
+
+
+def launch_file(info_file: Path) -> Path:
+    """Where a step's launch records the run and the allocation it was launched in."""
+    return info_file.with_name(f"{info_file.stem}.launched{info_file.suffix}")
 
 
 @dataclass(frozen=True)
@@ -242,11 +247,13 @@ class StepRun(ABC):
         """The allocation the step ran in where it is not the broker's (a run an earlier
         broker launched in an earlier allocation, adopted on a node of the same name):
         when that allocation ends, so does the step, and not by the job's doing. None where
-        it is the broker's, or the step never said."""
-        info = read_json(rank_file(self.info_file, 0))
-        if not info or info.get("run_id") != self.run_id or not info.get("job_id"):
-            return None
-        return None if str(info["job_id"]) == str(self.job_id) else str(info["job_id"])
+        it is the broker's, or neither the step nor its launch says."""
+        # the step's own word; else its launch's (a step killed before its shim could say)
+        for path in (rank_file(self.info_file, 0), launch_file(self.info_file)):
+            info = read_json(path)
+            if info and info.get("run_id") == self.run_id and info.get("job_id"):
+                return None if str(info["job_id"]) == str(self.job_id) else str(info["job_id"])
+        return None
 
     async def placement(self, timeout: float = 3600.0) -> dict | None:
         """What the step reported about itself (step id, node, GPUs); None if it never did.
@@ -292,10 +299,15 @@ class StepLauncher:
         return max(1, per_gpu * gpus)
 
     def fresh_info_file(self, request: LaunchRequest, ranks: int) -> Path:
-        """The run's info file, with what an earlier run in its directory left removed."""
+        """The run's info file, with what an earlier run in its directory left removed, and
+        its launch file: the allocation the step is launched in, for a broker that adopts
+        the run in a later allocation if the step ends before it can say (its info file)."""
         info_file = request.run_dir / self.info_name
         for rank in range(ranks):
             rank_file(info_file, rank).unlink(missing_ok=True)
+        atomic_write_json(launch_file(info_file), {
+            "run_id": request.env["MARBLE_RUN_ID"], "job_id": self.allocation.job_id},
+            durable=False)
         return info_file
 
     def close(self) -> None:

@@ -135,11 +135,11 @@ def test_a_reshaping_policy_through_kills_and_shutdowns_on_two_nodes(tmp_path):
     A per-GPU plain command is done once when one run of it completed every rank: a stop that
     came between its ranks' ends (a shutdown's, when rank 0 is a few milliseconds ahead) ran
     it again whole, rank 0 too, as any plain command stopped runs again (docs/lifecycle.md)."""
+    out = tmp_path / "out"
     slow = {"model": "inception-v3", "steps": 600, "command": [  # the broker runs at 0.01
         sys.executable, "-m", "marbled.worker.emulate", "--model", "inception-v3",
-        "--steps", "600", "--time-scale", "0.02"]}
+        "--steps", "600", "--time-scale", "0.02", "--step-log", str(out / "slow.log")]}
     emulated = [*EMULATED, {"model": "vgg-16", "steps": 800, "emulate": True}, slow]
-    out = tmp_path / "out"
     mark = f"sleep 0.3; echo $MARBLE_RUN_ID $RANK >> {out / 'ranks.txt'}"
     ranks = {"command": ["sh", "-c", mark],
              "gpus": 2, "per_gpu": True, "name": "ranks"}
@@ -154,4 +154,8 @@ def test_a_reshaping_policy_through_kills_and_shutdowns_on_two_nodes(tmp_path):
     complete = {r for r, _ in marks if {rank for run, rank in marks if run == r} == {0, 1}}
     done = [r["id"] for r in runs if r["job_id"] == jobs[-1]["id"] and r["end_reason"] == "done"]
     assert complete == set(done) and len(done) == 1, (marks, done)
+    # the job's own log of the steps it trained: each once (kill -9s leave it running, and
+    # shutdowns checkpoint it), not only runs that the broker's records show contiguous
+    trained = (out / "slow.log").read_text().split()
+    assert sorted(map(int, trained)) == list(range(1, 601)), f"{len(trained)} steps trained"
     assert len(runs) > len(jobs), "no fault came while a job ran: nothing was tested"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from marbled.batch.slurm import slurm_allocation
+from marbled.batch.slurm import STEP_INFO, slurm_allocation
 from marbled.cli.client import BrokerClient
 from marbled.paths import socket_path
 from marbled.resources import workload_path
@@ -277,21 +277,28 @@ def test_two_node_job_runs_as_one_step_over_both_nodes_and_survives_a_suspension
     assert {p["node"] for p in placed.values()} == {"n1,n2"}
 
 
-@pytest.mark.parametrize("next_node", ["n2", "n1"])
+@pytest.mark.parametrize(("next_node", "step_said"), [("n2", True), ("n1", True),
+                                                      ("n1", False)])
 def test_allocation_gone_while_the_broker_was_dead_loses_no_job(daemon_factory, allocate,
-                                                                tmp_path, next_node):
+                                                                tmp_path, next_node, step_said):
     """The worst end: the broker is killed (-9), then the allocation ends with runs open.
     The next broker, in an allocation on another node or on the same one, closes those runs
     as suspended and runs every job to its end from its last checkpoint. On the same node
     its runs are adopted as the broker's own (their node is in the allocation); before, a
     run ended by its allocation's end (SIGTERM, Slurm's CANCELLED record) was judged the
-    job's failure there, and the job failed (a hunt of overlapping allocations)."""
+    job's failure there, and the job failed (a hunt of overlapping allocations). Without
+    the step's info file (`step_said` False: removed here, as when the allocation ends
+    before a step just launched has started its shim, which writes it), the launch's record
+    says which allocation it ran in; before, such a plain command failed (a hunt)."""
     state = tmp_path / "state"
     first_job = allocate(*ONE_NODE, "--nodelist=n1")
     first = _broker(daemon_factory, first_job, state_dir=state, time_scale=0.05)
     first.submit(*jobset(3))
     first.wait_for(lambda: all(j["step"] > 20 for j in first.jobs()[:2]), what="progress")
     first.stop(signal.SIGKILL)
+    if not step_said:
+        for info in state.glob(f"jobs/*/{STEP_INFO}"):
+            info.unlink()
     subprocess.run(["scancel", first_job], check=True)  # its job steps end with it
     wait_slurm_job(first_job, timeout=60)
     assert len(first.query("SELECT id FROM runs WHERE ended_at IS NULL")) >= 2
