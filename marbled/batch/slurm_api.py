@@ -232,16 +232,26 @@ _ABORTED = "srun: Job step aborted"
 # specification", seen when a step asked for GPUs a few ms after other steps of the
 # allocation had ended, and the same request succeeded later
 _NOT_CREATED = re.compile(r"srun: error: Unable to create step for job \S+: (.+)")
+# What srun writes when it cannot use its allocation at all, before any step (srun's
+# allocate.c): "srun: error: Slurm job 379 has expired" (the allocation ended, as its broker
+# died: found by a hunt), or "srun: error: Unable to confirm allocation for job 379: Socket
+# timed out..." (the controller did not answer); its command never ran either
+_NO_ALLOCATION = re.compile(
+    r"srun: error: (Slurm job \S+ has expired|Unable to confirm allocation for job \S+: .+)")
 
 
 def step_refused(log: str) -> dict | None:
     """Slurm's refusal to create a step, from srun's stderr (`never_ran`: its command did not
     start); None if srun said no such thing."""
     found = _NOT_CREATED.search(log)
-    if found is None:
-        return None
-    return {"state": "NOT_CREATED", "never_ran": True,
-            "detail": f"Slurm did not create the step: {found.group(1).strip()}"}
+    if found is not None:
+        return {"state": "NOT_CREATED", "never_ran": True,
+                "detail": f"Slurm did not create the step: {found.group(1).strip()}"}
+    found = _NO_ALLOCATION.search(log)
+    if found is not None:
+        return {"state": "NOT_CREATED", "never_ran": True,
+                "detail": f"srun could not use its allocation: {found.group(1).strip()}"}
+    return None
 
 
 def step_end(log: str, step: str) -> dict | None:

@@ -30,6 +30,23 @@ def test_srun_s_refusal_is_read_only_for_a_step_that_never_started(tmp_path):
     assert step.ended_by(LINE) is None  # it started: its end is its own
 
 
+def test_srun_that_cannot_use_its_allocation_never_ran_its_command():
+    """srun's words when its allocation has ended (a step launched as the broker died and its
+    allocation was cancelled: a hunt) or the controller does not confirm it (srun's
+    allocate.c): no step was created, so the command never ran."""
+    expired = ("srun: error: Slurm job 379 has expired\nsrun: Check SLURM_JOB_ID environment "
+               "variable. Expired or invalid job 379")
+    assert step_refused(expired) == {
+        "state": "NOT_CREATED", "never_ran": True,
+        "detail": "srun could not use its allocation: Slurm job 379 has expired"}
+    timed_out = ("srun: error: Unable to confirm allocation for job 911: Socket timed out on "
+                 "send/recv operation\nsrun: Check SLURM_JOB_ID environment variable. "
+                 "Expired or invalid job 911")
+    assert step_refused(timed_out)["detail"] == (
+        "srun could not use its allocation: Unable to confirm allocation for job 911: Socket "
+        "timed out on send/recv operation")
+
+
 def _ends(h, job: int) -> list[tuple[str, str]]:
     """(kind, detail) of the job's runs' ends, in order."""
     return [(e.kind, e.data["detail"]) for e in h.store.events(job)

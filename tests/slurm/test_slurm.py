@@ -315,6 +315,26 @@ def test_allocation_gone_while_the_broker_was_dead_loses_no_job(daemon_factory, 
     assert db_rows(state / "marble.db", JOBS) == JOBSET3_DONE
 
 
+def test_a_step_launched_into_an_ended_allocation_never_ran_and_is_no_failure(
+        daemon_factory, allocate):
+    """srun into an allocation that has ended says "Slurm job N has expired" and exits 1
+    before any step: the command never ran, so the run is a refusal (run again later), not
+    the job's failure. A hunt met it where a broker launched a step as it was killed and its
+    allocation cancelled: the next broker, on the same node, failed that plain command."""
+    job = allocate(*ONE_NODE, "--nodelist=n1")
+    d = _broker(daemon_factory, job)
+    subprocess.run(["scancel", job], check=True)
+    wait_slurm_job(job, timeout=60)
+    (sub,) = d.submit({"command": ["true"], "gpus": 1})
+    ends = d.wait_for(lambda: d.query(
+        "SELECT kind, data FROM events WHERE job_id = ? AND kind IN ('suspended', 'failed')",
+        sub["id"]), timeout=30, what="the first run's end")
+    assert ends[0]["kind"] == "suspended", dict(ends[0])
+    detail = json.loads(ends[0]["data"])["detail"]
+    assert f"srun could not use its allocation: Slurm job {job} has expired" in detail, detail
+    assert "its command never ran: again in" in detail
+
+
 def test_a_job_step_runs_where_its_job_was_submitted_from(daemon_factory, allocate, tmp_path):
     """`marble submit -- python train.py` from a project directory: the step (srun --chdir)
     finds the script and its data there, and keeps its checkpoint in the state directory."""
