@@ -243,14 +243,12 @@ _NO_ALLOCATION = re.compile(
 def step_refused(log: str) -> dict | None:
     """Slurm's refusal to create a step, from srun's stderr (`never_ran`: its command did not
     start); None if srun said no such thing."""
-    found = _NOT_CREATED.search(log)
-    if found is not None:
-        return {"state": "NOT_CREATED", "never_ran": True,
-                "detail": f"Slurm did not create the step: {found.group(1).strip()}"}
-    found = _NO_ALLOCATION.search(log)
-    if found is not None:
-        return {"state": "NOT_CREATED", "never_ran": True,
-                "detail": f"srun could not use its allocation: {found.group(1).strip()}"}
+    for words, what in ((_NOT_CREATED, "Slurm did not create the step"),
+                        (_NO_ALLOCATION, "srun could not use its allocation")):
+        found = words.search(log)
+        if found is not None:
+            return {"state": "NOT_CREATED", "never_ran": True,
+                    "detail": f"{what}: {found.group(1).strip()}"}
     return None
 
 

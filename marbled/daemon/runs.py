@@ -345,8 +345,8 @@ class Runs:
         progress = self.files.progress(live.job_id, live.run_id)
         ended_by = getattr(live.handle, "ended_by", None)
         other = getattr(live.handle, "allocation_of_its_own", lambda: None)() if code else None
-        if other and ended_with_allocation(code, ended_by(self.files.stderr_tail(
-                live.job_id, live.run_id))):
+        said = ended_by(self.files.stderr_tail(live.job_id, live.run_id)) if other else None
+        if other and ended_with_allocation(code, said):
             # a run of an earlier allocation that ended with it, as one on a node that left
             # (recovery): not the job's failure; it runs again from its last checkpoint
             code = None
@@ -362,8 +362,10 @@ class Runs:
         why, retry_at = end.why, None
         if other and code is None:
             why = f"{why}; its allocation {other} ended, and the run with it"
-        said = (ended_by(self.files.stderr_tail(live.job_id, live.run_id))
-                if ended_by and end.outcome is not JobState.DONE else None)
+        if not ended_by or end.outcome is JobState.DONE:
+            said = None
+        elif not other:  # (read above for a run of another allocation)
+            said = ended_by(self.files.stderr_tail(live.job_id, live.run_id))
         refusals = self._refused.pop(live.job_id, 0) + bool(said and said.get("never_ran"))
         refused = None if live.cancel else refused_start(said, refusals, live.start_step, now)
         if refused:  # its step was not created: its command never ran
