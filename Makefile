@@ -2,21 +2,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-INSTALL := $(BIN)/pip install --quiet -e '.[broker,test,docs,bench,tensorflow-cpu,plot,rl]' \
-	'torch==2.13.0'
+# The test tier trains real TensorFlow and PyTorch jobs on the CPU; torch 2.13.0 is the
+# CPU wheel kept on these machines (a looser pin would fetch a multi-GB CUDA build).
+REQUIREMENTS := -e '.[broker,test,docs,bench,tensorflow-cpu,plot,rl]' 'torch==2.13.0'
 
 .PHONY: venv demo test prepare lint docs docs-serve clean gpu-wheels
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("marbled needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# The test tier trains real TensorFlow and PyTorch jobs on the CPU; torch 2.13.0 is the
-	# CPU wheel kept on these machines (a looser pin would fetch a multi-GB CUDA build).
-	# 'compat': the project's directory on sys.path (a .pth line) rather than setuptools'
-	# import hook, whose own imports cost every Python process 30-60 ms (the tests start
-	# thousands); where a setuptools no longer has the mode, the default install
-	$(INSTALL) --config-settings editable_mode=compat || $(INSTALL)
+	bash tests/install.sh $(BIN) $(REQUIREMENTS)
 	touch $@
 
 venv: $(BIN)/.installed
