@@ -24,7 +24,7 @@ with_uv() {
     # --no-cache: the unpacked wheels would stay behind in ~/.cache (2.5 GB) for no second use
     "$bin/uv" pip install --quiet --no-cache --python "$bin/python" \
         --index-strategy unsafe-best-match "${args[@]}" \
-        --config-setting editable_mode=compat --upgrade-package pip pip "$@"
+        --compile-bytecode --config-setting editable_mode=compat --upgrade-package pip pip "$@"
 }
 
 with_pip() {

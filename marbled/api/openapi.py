@@ -471,7 +471,7 @@ def _spec() -> dict:
             "/v1/curves": {"get": {
                 "summary": "each model's curve: the profile's, measured by runs, believed",
                 "parameters": [{"name": "model", "in": "query", "schema": {
-                    "type": "string", "minLength": 1, "pattern": "\\S"}}],
+                    "type": "string", "pattern": f"^[{MODEL_CHARS}]+$"}}],
                 "responses": _answer("curves", schema=_ref("Curves"))}},
             "/v1/forecast": {"get": {
                 "summary": "when each unfinished job should start and end, and the queue with it "

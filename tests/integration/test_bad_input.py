@@ -116,6 +116,23 @@ def test_bad_paths_and_states(busy_daemon):
     assert raw(busy_daemon, "DELETE", "/v1/jobs")[0] == 405
 
 
+def test_the_curves_model_filter_takes_what_its_schema_takes(busy_daemon):
+    """GET /v1/curves?model=: the broker and its OpenAPI pattern agree on every value (the
+    contract test's fuzzer found "\x1f", valid to the schema's old \\S, refused by the broker
+    as blank)."""
+    import re
+    from urllib.parse import quote
+
+    _, spec = raw(busy_daemon, "GET", "/v1/openapi.json")
+    (param,) = spec["paths"]["/v1/curves"]["get"]["parameters"]
+    pattern = param["schema"]["pattern"]
+    for value in ("resnet-50", "org/net_v2.1+x:y", "\x1f", " ", "", "a b", "r\u00e9snet"):
+        code, body = raw(busy_daemon, "GET", "/v1/curves?model=" + quote(value))
+        # re.ASCII: a schema's \\s is ECMA's, to which "\x1f" is no blank (to Python's it is)
+        assert code == (200 if re.search(pattern, value, re.ASCII) else 400), (value, body)
+        assert code == 200 or body["field"] == "model" and "such as resnet-50" in body["error"]
+
+
 def test_cancel_of_ended_job_is_a_conflict(daemon):
     (job,) = daemon.submit({"gpus": 1, "command": ["true"]})
     daemon.wait_all(timeout=20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -196,12 +197,17 @@ def test_broker_killed_before_recording_the_pid_finds_the_process(daemon_factory
     first = daemon_factory(state_dir=state)
     first.submit({"model": "resnet-50", "steps": 2000, "emulate": True})
     first.wait_for(lambda: first.jobs()[0]["step"] > 20, what="progress")
-    first.stop(signal.SIGKILL)
     (pid,) = first.query("SELECT pid FROM runs")[0]
+    # held (SIGSTOP, which the job cannot see) until the next broker has looked: its 2,000
+    # steps take 3 s, and a start of the next broker slowed by a loaded machine let the job
+    # end first, 4 times in 16 beside two busy loops
+    os.killpg(pid, signal.SIGSTOP)
+    first.stop(signal.SIGKILL)
     with sqlite3.connect(state / "marble.db") as con:  # as if the pid never got written
         con.execute("UPDATE runs SET pid = NULL, pid_start = NULL")
     second = daemon_factory(state_dir=state)
     (adopted,) = second.query("SELECT data FROM events WHERE kind = 'adopted'")
+    os.killpg(pid, signal.SIGCONT)
     assert f'"pid": {pid}' in adopted["data"] and '"alive": true' in adopted["data"]
     jobs = second.wait_all(timeout=60)
     assert jobs[0]["state"] == "done"
