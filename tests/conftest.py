@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     # for pyslurm's build, which `make test` starts beside the run (a stable sort: every
     # other test keeps its place); with it, the largest groups start first
     items.sort(key=_pyslurm_half)
-    if getattr(config.option, "dist", "no") != "no":
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection is the run's order
         items[:] = _computing_spread_among_waiting(items)
 
 
