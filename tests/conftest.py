@@ -70,7 +70,7 @@ def _group(item, tier: str | None) -> str | None:
 
 # tryfirst: xdist's own hook reads the groups into the test ids, so it must run after this
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
+def pytest_collection_modifyitems(items) -> None:
     """Each test carries its tier's marker (its directory): `pytest -m core`, `-m "not slurm"`."""
     for item in items:
         tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
@@ -83,26 +83,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     # for pyslurm's build, which `make test` starts beside the run (a stable sort: every
     # other test keeps its place); with it, the largest groups start first
     items.sort(key=_pyslurm_half)
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection is the run's order
-        items[:] = _computing_spread_among_waiting(items)
-
-
-# The tiers that only compute, spread evenly among those that wait on the processes they
-# start, for xdist to hand out in that order (it sends the groups first, the rest in
-# collection order): on 2 cores, a run that computed first had both cores busy for its
-# first half and one idle for a third of its second.
-COMPUTING = ("core", "broker")
-
-
-def _computing_spread_among_waiting(items: list) -> list:
-    computing = [i for i in items if any(i.get_closest_marker(t) for t in COMPUTING)]
-    if not computing or len(computing) == len(items):
-        return items
-    ids = {id(i) for i in computing}
-    waiting = [i for i in items if id(i) not in ids]
-    place = [(k / len(computing), 1, k, i) for k, i in enumerate(computing)]
-    place += [(k / len(waiting), 0, k, i) for k, i in enumerate(waiting)]
-    return [i for *_, i in sorted(place, key=lambda p: p[:3])]
 
 
 def pytest_collection_finish(session) -> None:
