@@ -23,9 +23,10 @@ demo: venv
 ## test: lint, then the whole test suite (what .ci/run calls); TIER=core runs one tier.
 ## WORKERS pytest-xdist workers run the tests side by side (half of a test's time is spent
 ## waiting on processes it started: 4 on 2 cores keep both busy but for minutes of tests that
-## wait for real time; 5 fill those, 60 s sooner, but load the CPU so that jobs' measured
-## speeds drift from their profiles, and tests that read a job's GPU counts failed 2 runs in
-## 5 as learning acted on them); the packaging tier (one
+## wait for real time; 5 were 60 s sooner once, but loaded the CPU so that jobs' measured
+## speeds drifted from their profiles, and tests that read a job's GPU counts failed 2 runs
+## in 5 as learning acted on them; now that the suite computes more, 5 are no sooner: 766 s
+## of CI against 701-736 s with 4, 2026-12-06); the packaging tier (one
 ## wheel and venv), each half of the Slurm tier (commands, pyslurm) and each module with a
 ## module-scoped fixture run in order on one worker (tests/conftest.py). What the tiers need
 ## besides the venv (Debian packages, the Slurm tier's pyslurm) is made in the background
