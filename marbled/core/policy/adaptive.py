@@ -301,18 +301,43 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
     re-planned with `candidate` whenever one ends (on `then`'s (fewest, most) GPUs, if
     given), and pay their cost whenever their count changes; `queue` waits behind them in
     FIFO order."""
-    now, total, last = 0.0, 0.0, 0.0
-    live = {i.id: i for i in [*items, *queue]}
-    delay: dict[int, float] = {}  # start-up still to wait before progress
-    rule = first or candidate
-    for _ in range(4 * len(live) + 4):
-        if not live:
-            break
-        plan = allocate(list(live.values()), _free_room(live, room), *rule)
-        if then:  # from the first end on, the plan's bounds
-            live = {i.id: i for i in _bounded(list(live.values()), then)}
-            then = None
-        rule = candidate
+    return _Fluid([*items, *queue], room).step(first or candidate, then).play(candidate)
+
+
+class _Fluid:
+    """play_forward's state: the time, the completion times so far, the items left and the
+    start-up each still waits. Its first step is taken once for every future rule played
+    after it (`_candidate` plays 4 from each first rule)."""
+
+    def __init__(self, items: list[Item], room: dict[str, int]):
+        self.room = room
+        self.now = self.total = self.last = 0.0
+        self.live = {i.id: i for i in items}
+        self.delay: dict[int, float] = {}
+        self.steps = 4 * len(self.live) + 4  # a bound: each step ends a job, or starts one
+        self.over = False  # nothing runs, nothing is left, or no step is left
+
+    def copy(self) -> _Fluid:
+        new = object.__new__(_Fluid)
+        new.__dict__.update(self.__dict__, live=dict(self.live), delay=dict(self.delay))
+        return new
+
+    def play(self, rule: tuple[float, bool]) -> tuple[float, float]:
+        while not self.over:
+            self.step(rule)
+        return self.total, self.last
+
+    def step(self, rule: tuple[float, bool],
+             then: dict[int, tuple[int, int]] | None = None) -> _Fluid:
+        """Plan with `rule` and run to the next end (from it on, `then`'s bounds)."""
+        live, delay = self.live, self.delay
+        if not live or self.steps <= 0:
+            self.over = True
+            return self
+        self.steps -= 1
+        plan = allocate(list(live.values()), _free_room(live, self.room), *rule)
+        if then:
+            live = self.live = {i.id: i for i in _bounded(list(live.values()), then)}
         running = {i: plan[i][1] for i in plan}
         for i, g in running.items():
             item = live[i]
@@ -323,20 +348,21 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
         ends = {i: delay.get(i, 0.0) + live[i].work / live[i].speed(g)
                 for i, g in running.items()}
         if not ends:
-            break
+            self.over = True
+            return self
         step = min(ends.values())
-        now += step
+        self.now += step
         for i, g in running.items():
             if ends[i] <= step + 1e-9:
-                total += now
-                last = now
+                self.total += self.now
+                self.last = self.now
                 del live[i]
                 delay.pop(i, None)
                 continue
             used = min(step, delay.get(i, 0.0))
             delay[i] = delay.get(i, 0.0) - used
             live[i] = evolve(live[i], work=live[i].work - (step - used) * live[i].speed(g))
-    return total, last
+        return self
 
 
 def static_plan(running: list[Item], waiting: list[Item], room: dict[str, int],
@@ -560,8 +586,11 @@ class AdaptivePolicy(Policy):
             if node in homes or alike.get(k, 0) < fill:
                 kept[node] = k
                 alike[k] = alike.get(k, 0) + (node not in homes)
-        outcomes = {(c, f, None, False): play_forward(running, kept, f, waiting, first=c)
-                    for c in CANDIDATES for f in FUTURES}
+        outcomes = {}
+        for c in CANDIDATES:  # each first rule's first step once, for every future rule
+            after = _Fluid([*running, *waiting], kept).step(c)
+            for f in FUTURES:
+                outcomes[c, f, None, False] = after.copy().play(f)
         # The best static plan of the jobs in the system (what a user could pick by hand):
         # run as planned; or with the GPUs it leaves idle given by a bias; or with its
         # counts as caps now (a job it holds back may start on GPUs lent by the others) and
