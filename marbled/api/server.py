@@ -36,7 +36,6 @@ import asyncio
 import hmac
 import json
 import os
-import re
 import socket
 import struct
 from collections.abc import Callable
@@ -68,7 +67,7 @@ from marbled.core.environment import Environment
 from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unavailable
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES
-from marbled.core.spec import MAX_NAME, MODEL_CHARS, JobSpec, SpecError
+from marbled.core.spec import MAX_NAME, MODEL_NAME, JobSpec, SpecError
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
@@ -398,7 +397,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     async def curves(request: web.Request) -> web.Response:
         model = request.query.get("model")
         # the schema's pattern, so that the two agree (the schema once took "\x1f" as a name)
-        if model is not None and not re.fullmatch(f"[{MODEL_CHARS}]+", model):
+        if model is not None and not MODEL_NAME.fullmatch(model):
             raise Invalid("model must be a model name such as resnet-50 (letters, digits "
                           "and . _ + : / -)", "model")
         return web.json_response(views.curves(model))

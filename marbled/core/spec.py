@@ -17,6 +17,7 @@ MAX_STEPS = 10**12
 MAX_NAME = 128
 MAX_MODEL = 128  # the jobs and samples tables' model column, VARCHAR(128)
 MODEL_CHARS = "A-Za-z0-9._+:/-"  # letters, digits and . _ + : / - (e.g. resnet-50, org/net)
+MODEL_NAME = re.compile(f"[{MODEL_CHARS}]+")  # a whole model name (fullmatch)
 MAX_COMMAND_ARGS = 4096
 MAX_NODES = 10_000
 MAX_RETRIES = 100
@@ -95,7 +96,7 @@ class JobSpec:
         if isinstance(model, str):
             _runnable("model", model, "the model")
         if model is not None and (len(model) > MAX_MODEL
-                                  or not re.fullmatch(f"[{MODEL_CHARS}]+", model)):
+                                  or not MODEL_NAME.fullmatch(model)):
             raise SpecError("model", f"must be 1 to {MAX_MODEL} letters, digits and . _ + : / - "
                                      f"(such as 'resnet-50'), not {_shown(model)}")
         new_model = doc.get("new_model", False)
