@@ -11,6 +11,15 @@ from hypothesis import strategies as st
 
 from marbled.core.model import Job, Start, State, Suspend
 from marbled.core.policy import get_policy
+from marbled.core.policy.adaptive import (
+    CANDIDATES,
+    FUTURES,
+    Item,
+    _Fluid,
+    allocate,
+    allocate_each,
+    play_forward,
+)
 from marbled.core.profiles import ThroughputCurve
 from marbled.resources import load_profile
 from marbled.sim.engine import Simulator
@@ -146,3 +155,45 @@ def test_the_last_end_weighs_only_for_jobs_submitted_together():
 
     assert run(arrivals, 0.0) == run(arrivals, 4.0)
     assert run(batch, 4.0)[0] < run(batch, 0.0)[0]
+
+
+@st.composite
+def fluid_states(draw) -> tuple[list, dict[str, int]]:
+    """Items as adaptive's look-ahead sees them (running ones on their node, some fixed,
+    waiting ones, now and then one over two nodes) and each node's room."""
+    room = {f"node{n}": draw(st.integers(2, 8)) for n in range(draw(st.integers(1, 3)))}
+    left = dict(room)
+    items = []
+    for i in range(draw(st.integers(1, 9))):
+        high = draw(st.integers(1, 6))
+        low = draw(st.integers(1, high))
+        # a count between its fewest and most that it cannot run on (None) now and then
+        speeds = tuple(draw(st.floats(0.5, 20.0)) if g in (low, high) or draw(
+            st.integers(0, 4)) else None for g in range(1, high + 1))
+        item = Item(i, speeds, draw(st.one_of(st.just(0.0), st.floats(1.0, 5e4))), low, high,
+                    cost=draw(st.sampled_from([0.0, 10.0, 300.0])), launch=10.0)
+        node = draw(st.sampled_from(sorted(room)))
+        count = draw(st.integers(0, min(high, left[node])))
+        if count >= low and item.can(count):  # running
+            left[node] -= count
+            item = replace(item, home=node, count=count, fixed=draw(st.booleans()))
+        elif len(room) > 1 and draw(st.integers(0, 4)) == 0:  # waiting for two nodes
+            item = replace(item, low=high, nodes=2)
+        items.append(item)
+    return items, room
+
+
+@settings(max_examples=300, deadline=None)
+@given(fluid_states())
+def test_the_look_ahead_shares_a_step_only_where_every_rule_plans_it_alike(state):
+    """The look-ahead plays 7 first rules x 4 future rules; where their plans agree it
+    takes the step once (`allocate_each`, `_Fluid.play_each`). That must give exactly what
+    each rule played on its own gives: the same plans, the same completion times."""
+    items, room = state
+    free = {n: k - sum(i.count for i in items if i.fixed and i.home == n)
+            for n, k in room.items()}
+    assert allocate_each(items, free, CANDIDATES) == [allocate(items, free, *c)
+                                                      for c in CANDIDATES]
+    pairs = [(c, f) for c in CANDIDATES for f in FUTURES]
+    played = _Fluid(items, room).play_each(pairs)
+    assert played == {(c, f): play_forward(items, room, f, first=c) for c, f in pairs}

@@ -103,6 +103,16 @@ class Item:
         """The most GPUs up to min(`high`, limit) it can run on (0: none)."""
         return next((c for c in range(min(self.high, limit), 0, -1) if self.can(c)), 0)
 
+    def rises(self, g: int) -> bool:
+        """Whether each count it can run on above g, up to `high`, is faster than the last."""
+        last = self.speed(g)
+        for c in range(g + 1, self.high + 1):
+            if self.can(c):
+                if self.speed(c) <= last:
+                    return False
+                last = self.speed(c)
+        return True
+
     def above(self, g: int) -> int | None:
         """The next count above g it can run on, up to `high`."""
         for c in range(g + 1, self.high + 1):
@@ -116,6 +126,14 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
     """{id: (nodes, count)} for the FIFO prefix of `items` that fits in `room` (GPUs per
     node, the fixed items' already taken out); the spare GPUs by marginal gain, after the
     critical job's fastest count if `critical`."""
+    return allocate_each(items, room, ((bias, critical),))[0]
+
+
+def allocate_each(items: list[Item], room: dict[str, int],
+                  rules: tuple[tuple[float, bool], ...]) -> list[dict[int, tuple]]:
+    """allocate() under each (bias, critical) rule: the FIFO placement, which no rule
+    changes, made once; and where every node's spare GPUs take all its jobs to their
+    fastest counts, one plan for all (no rule then changes who gets what)."""
     room = dict(room)
     rooms = _Rooms(room)
     out: dict[int, list] = {}
@@ -140,6 +158,26 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
             rooms.take(n, low)
         out[item.id] = [tuple(nodes), low]
     by_id = {i.id: i for i in items}
+    on_node: dict[str, list[Item]] = {}
+    for i, (nodes, _) in out.items():
+        if len(nodes) == 1 and not by_id[i].fixed:
+            on_node.setdefault(nodes[0], []).append(by_id[i])
+    # Where each node's room takes its jobs to their most GPUs, and each job gains from
+    # every GPU up to there, every rule plans each of them there.
+    alike = all(sum(i.high - out[i.id][1] for i in there) <= room[n]
+                and all(i.rises(out[i.id][1]) for i in there) for n, there in on_node.items())
+    todo = rules[:1] if alike else rules
+    plans = [_share(by_id, {i: list(v) for i, v in out.items()}, dict(room),
+                    {n: list(there) for n, there in on_node.items()}, *rule)
+             for rule in todo[:-1]]  # each rule but the last on copies
+    plans.append(_share(by_id, out, room, on_node, *todo[-1]))
+    return plans * len(rules) if alike else plans
+
+
+def _share(by_id: dict[int, Item], out: dict[int, list], room: dict[str, int],
+           on_node: dict[str, list[Item]], bias: float, critical: bool) -> dict[int, tuple]:
+    """The placed items' spare GPUs under one rule: the critical job's fastest count
+    first if `critical`, then each node's growth, then the spread between nodes."""
     if critical:
         free = [by_id[i] for i, (nodes, _) in out.items() if len(nodes) == 1
                 and not by_id[i].fixed and by_id[i].work > 0]
@@ -150,10 +188,6 @@ def allocate(items: list[Item], room: dict[str, int], bias: float,
                           if c - have <= room[node] and first.can(c)), default=have)
             out[first.id][1] = target
             room[node] -= target - have
-    on_node: dict[str, list[Item]] = {}
-    for i, (nodes, _) in out.items():
-        if len(nodes) == 1 and not by_id[i].fixed:
-            on_node.setdefault(nodes[0], []).append(by_id[i])
     for node, items_there in on_node.items():  # each node's growth is its own
         room[node] = _grow(items_there, out, room[node], bias)
     _spread(out, on_node, room, bias)
@@ -306,8 +340,7 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
 
 class _Fluid:
     """play_forward's state: the time, the completion times so far, the items left and the
-    start-up each still waits. Its first step is taken once for every future rule played
-    after it (`_candidate` plays 4 from each first rule)."""
+    start-up each still waits."""
 
     def __init__(self, items: list[Item], room: dict[str, int]):
         self.room = room
@@ -327,15 +360,57 @@ class _Fluid:
             self.step(rule)
         return self.total, self.last
 
+    def play_each(self, pairs: list[tuple[tuple[float, bool], tuple[float, bool]]],
+                  ) -> dict[tuple, tuple[float, float]]:
+        """{(first, then): what play_forward gives with these rules}, for each pair, from
+        this state: a step on which the pairs' plans agree is taken once for all of them
+        (few jobs often leave every rule the same plan)."""
+        out: dict[tuple, tuple[float, float]] = {}
+        todo = [(self, pairs, 0)]
+        while todo:
+            fluid, pairs, depth = todo.pop()
+            if fluid._stops():
+                out.update(dict.fromkeys(pairs, (fluid.total, fluid.last)))
+                continue
+            rules = list(dict.fromkeys(pair[min(depth, 1)] for pair in pairs))
+            live = fluid.live
+            plans = allocate_each(list(live.values()), _free_room(live, fluid.room),
+                                  tuple(rules))
+            groups: list[tuple[dict, list]] = []  # (a plan, the pairs that make it)
+            of_rule = {}
+            for rule, plan in zip(rules, plans, strict=True):
+                group = next((g for g in groups if g[0] is plan or g[0] == plan), None)
+                if group is None:
+                    groups.append(group := (plan, []))
+                of_rule[rule] = group[1]
+            for pair in pairs:
+                of_rule[pair[min(depth, 1)]].append(pair)
+            for k, (plan, members) in enumerate(groups):  # the last group takes `fluid` on
+                branch = fluid if k == len(groups) - 1 else fluid.copy()
+                todo.append((branch._advance(plan), members, depth + 1))
+        return out
+
     def step(self, rule: tuple[float, bool],
              then: dict[int, tuple[int, int]] | None = None) -> _Fluid:
         """Plan with `rule` and run to the next end (from it on, `then`'s bounds)."""
-        live, delay = self.live, self.delay
-        if not live or self.steps <= 0:
-            self.over = True
+        if self._stops():
             return self
+        live = self.live
+        return self._advance(allocate(list(live.values()), _free_room(live, self.room), *rule),
+                             then)
+
+    def _stops(self) -> bool:
+        """Whether no step is left (else one is counted)."""
+        if self.over or not self.live or self.steps <= 0:
+            self.over = True
+            return True
         self.steps -= 1
-        plan = allocate(list(live.values()), _free_room(live, self.room), *rule)
+        return False
+
+    def _advance(self, plan: dict[int, tuple],
+                 then: dict[int, tuple[int, int]] | None = None) -> _Fluid:
+        """Run `plan` to the next end (from it on, `then`'s bounds)."""
+        live, delay = self.live, self.delay
         if then:
             live = self.live = {i.id: i for i in _bounded(list(live.values()), then)}
         running = {i: plan[i][1] for i in plan}
@@ -586,11 +661,9 @@ class AdaptivePolicy(Policy):
             if node in homes or alike.get(k, 0) < fill:
                 kept[node] = k
                 alike[k] = alike.get(k, 0) + (node not in homes)
-        outcomes = {}
-        for c in CANDIDATES:  # each first rule's first step once, for every future rule
-            after = _Fluid([*running, *waiting], kept).step(c)
-            for f in FUTURES:
-                outcomes[c, f, None, False] = after.copy().play(f)
+        pairs = [(c, f) for c in CANDIDATES for f in FUTURES]  # first rule, then the future's
+        played = _Fluid([*running, *waiting], kept).play_each(pairs)
+        outcomes = {(c, f, None, False): played[c, f] for c, f in pairs}  # ties: in this order
         # The best static plan of the jobs in the system (what a user could pick by hand):
         # run as planned; or with the GPUs it leaves idle given by a bias; or with its
         # counts as caps now (a job it holds back may start on GPUs lent by the others) and
