@@ -15,6 +15,7 @@ from marbled.core.policy.adaptive import (
     CANDIDATES,
     FUTURES,
     Item,
+    _bounded,
     _Fluid,
     allocate,
     allocate_each,
@@ -197,3 +198,15 @@ def test_the_look_ahead_shares_a_step_only_where_every_rule_plans_it_alike(state
     pairs = [(c, f) for c in CANDIDATES for f in FUTURES]
     played = _Fluid(items, room).play_each(pairs)
     assert played == {(c, f): play_forward(items, room, f, first=c) for c, f in pairs}
+    # a static plan's plays: its counts as bounds now, others after the first step
+    counts = {i.id: i.largest((i.low + i.high) // 2) for i in items}
+    bounds = {"exact": {i: (k, k) for i, k in counts.items()},
+              "grown": {i.id: (counts[i.id], i.high) for i in items},
+              "lent": {i.id: (i.low, counts[i.id]) for i in items}}
+    plays = [(c, f, then) for c in CANDIDATES[:3] for f in FUTURES[:2]
+             for then in (None, "exact", "grown")]
+    for now in ("exact", "lent"):
+        start = _bounded(items, bounds[now])
+        assert _Fluid(start, room).play_each(plays, bounds) == {
+            (c, f, then): play_forward(start, room, f, first=c, then=bounds.get(then))
+            for c, f, then in plays}

@@ -334,7 +334,8 @@ def play_forward(items: list[Item], room: dict[str, int], candidate: tuple[float
     at their curve's speed, are planned with `first` (default: `candidate`) now and
     re-planned with `candidate` whenever one ends (on `then`'s (fewest, most) GPUs, if
     given), and pay their cost whenever their count changes; `queue` waits behind them in
-    FIFO order."""
+    FIFO order. One play at a time: the look-ahead plays many at once (`_Fluid.play_each`),
+    which must give what this gives (tests/core/test_adaptive.py)."""
     return _Fluid([*items, *queue], room).step(first or candidate, then).play(candidate)
 
 
@@ -360,34 +361,39 @@ class _Fluid:
             self.step(rule)
         return self.total, self.last
 
-    def play_each(self, pairs: list[tuple[tuple[float, bool], tuple[float, bool]]],
+    def play_each(self, plays: list[tuple], then: dict | None = None,
                   ) -> dict[tuple, tuple[float, float]]:
-        """{(first, then): what play_forward gives with these rules}, for each pair, from
-        this state: a step on which the pairs' plans agree is taken once for all of them
-        (few jobs often leave every rule the same plan)."""
+        """{play: what play_forward gives} for each play (first rule, rule after it, and
+        optionally the name in `then` of the bounds its items take after the first step),
+        from this state: a step on which the plays' plans agree is taken once for all of
+        them (few jobs often leave every rule the same plan)."""
+        then = then or {}
         out: dict[tuple, tuple[float, float]] = {}
-        todo = [(self, pairs, 0)]
+        todo = [(self, plays, 0)]
         while todo:
-            fluid, pairs, depth = todo.pop()
+            fluid, plays, depth = todo.pop()
             if fluid._stops():
-                out.update(dict.fromkeys(pairs, (fluid.total, fluid.last)))
+                out.update(dict.fromkeys(plays, (fluid.total, fluid.last)))
                 continue
-            rules = list(dict.fromkeys(pair[min(depth, 1)] for pair in pairs))
+            rules = list(dict.fromkeys(play[min(depth, 1)] for play in plays))
             live = fluid.live
             plans = allocate_each(list(live.values()), _free_room(live, fluid.room),
                                   tuple(rules))
-            groups: list[tuple[dict, list]] = []  # (a plan, the pairs that make it)
-            of_rule = {}
+            distinct: list[dict] = []
+            which = {}  # rule -> its plan's place in `distinct`
             for rule, plan in zip(rules, plans, strict=True):
-                group = next((g for g in groups if g[0] is plan or g[0] == plan), None)
-                if group is None:
-                    groups.append(group := (plan, []))
-                of_rule[rule] = group[1]
-            for pair in pairs:
-                of_rule[pair[min(depth, 1)]].append(pair)
-            for k, (plan, members) in enumerate(groups):  # the last group takes `fluid` on
-                branch = fluid if k == len(groups) - 1 else fluid.copy()
-                todo.append((branch._advance(plan), members, depth + 1))
+                which[rule] = next((k for k, seen in enumerate(distinct)
+                                    if seen is plan or seen == plan), len(distinct))
+                if which[rule] == len(distinct):
+                    distinct.append(plan)
+            groups: dict[tuple, list] = {}  # (plan, bounds after it) -> the plays
+            for play in plays:
+                bounds = play[2] if depth == 0 and len(play) > 2 else None
+                groups.setdefault((which[play[min(depth, 1)]], bounds), []).append(play)
+            for k, ((plan, bounds), members) in enumerate(groups.items()):
+                branch = fluid if k == len(groups) - 1 else fluid.copy()  # the last goes on
+                todo.append((branch._advance(distinct[plan], then.get(bounds)), members,
+                             depth + 1))
         return out
 
     def step(self, rule: tuple[float, bool],
@@ -678,16 +684,21 @@ class AdaptivePolicy(Policy):
             exact = {i: (k, k) for i, k in counts.items()}
             grown = {i.id: (counts[i.id], max(counts[i.id], i.high)) for i in everyone}
             lent = {i.id: (i.low, max(i.low, min(i.high, counts[i.id]))) for i in everyone}
-            for rule, now, then in ((PLAN_GROWTH[0], exact, None),
-                                    *((g, grown, None) for g in PLAN_GROWTH),
-                                    (PLAN_GROWTH[0], lent, exact),
-                                    *((g, lent, grown) for g in PLAN_GROWTH)):
-                for c in LENDS if now is lent else (rule,):
-                    outcomes[c, rule, tuple(now.items()), then is exact] = play_forward(
-                        _bounded(running, now), kept, rule, _bounded(waiting, now), first=c,
-                        then=then)
-                    if now is exact:
-                        plan = outcomes[c, rule, tuple(now.items()), False]
+            bounds = {"exact": exact, "grown": grown, "lent": lent}
+            plays: dict[str, list] = {}  # bounds now -> (first, rule, bounds after it)
+            for rule, now, then in ((PLAN_GROWTH[0], "exact", None),
+                                    *((g, "grown", None) for g in PLAN_GROWTH),
+                                    (PLAN_GROWTH[0], "lent", "exact"),
+                                    *((g, "lent", "grown") for g in PLAN_GROWTH)):
+                for c in LENDS if now == "lent" else (rule,):
+                    plays.setdefault(now, []).append((c, rule, then))
+            for now, these in plays.items():
+                played = _Fluid([*_bounded(running, bounds[now]),
+                                 *_bounded(waiting, bounds[now])], kept).play_each(these, bounds)
+                for c, rule, then in these:
+                    outcomes[c, rule, tuple(bounds[now].items()), then == "exact"] = \
+                        played[c, rule, then]
+            plan = outcomes[PLAN_GROWTH[0], PLAN_GROWTH[0], tuple(exact.items()), False]
         total = min(t for t, _ in outcomes.values()) or 1.0
         last = min(end for _, end in outcomes.values()) or 1.0
         better = plan and {k for k, (t, end) in outcomes.items()
