@@ -164,8 +164,9 @@ def allocate_each(items: list[Item], room: dict[str, int],
             on_node.setdefault(nodes[0], []).append(by_id[i])
     # Where each node's room takes its jobs to their most GPUs, and each job gains from
     # every GPU up to there, every rule plans each of them there.
-    alike = all(sum(i.high - out[i.id][1] for i in there) <= room[n]
-                and all(i.rises(out[i.id][1]) for i in there) for n, there in on_node.items())
+    alike = len(rules) > 1 and all(
+        sum(i.high - out[i.id][1] for i in there) <= room[n]
+        and all(i.rises(out[i.id][1]) for i in there) for n, there in on_node.items())
     todo = rules[:1] if alike else rules
     plans = [_share(by_id, {i: list(v) for i, v in out.items()}, dict(room),
                     {n: list(there) for n, there in on_node.items()}, *rule)
