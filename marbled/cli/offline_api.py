@@ -45,19 +45,7 @@ class ReadOnlyStore(Store):
     read-only connection: no migration, no table made, no pragma, no write."""
 
     def __init__(self, con):
-        from sqlalchemy import create_engine
-        from sqlalchemy.pool import StaticPool
-
-        self.path, self.requests, self._con = None, None, con
-        self.engine = create_engine("sqlite://", creator=lambda: con, poolclass=StaticPool)
-        self._writer = None
-
-    def writer(self):
-        return self._con
-
-    def close(self) -> None:
-        self.engine.dispose()
-        self._con.close()
+        self.path, self.requests, self._con, self._engine = None, None, con, None
 
 
 class OfflineViews(Views):

@@ -1,9 +1,11 @@
 -- marbled state database (marble.db in the broker's state directory), schema version 9.
--- Mirrors marbled/store/db.py; tests/core/test_sql_files.py keeps the two in step.
+-- The broker makes its tables with this file at every start (IF NOT EXISTS: what is missing);
+-- marbled/store/orm.py describes them to SQLAlchemy; tests/core/test_sql_files.py keeps the
+-- two in step.
 -- Times are Unix seconds (REAL): datetime(started_at, 'unixepoch') reads them.
 
 -- Every job ever submitted, in FIFO order (id).
-CREATE TABLE jobs (
+CREATE TABLE IF NOT EXISTS jobs (
 	id INTEGER NOT NULL,
 	name VARCHAR(128),              -- optional user name, usable in `after`
 	model VARCHAR(128),             -- model name looked up in the profile
@@ -33,14 +35,14 @@ CREATE TABLE jobs (
 	env VARCHAR(32),                -- its environment (environments.digest); NULL: the broker's
 	PRIMARY KEY (id)
 );
-CREATE INDEX ix_jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS ix_jobs_state ON jobs (state);
 -- `after:` a name: the latest job of that name (made at any start if missing: no new version)
-CREATE INDEX ix_jobs_name ON jobs (name);
+CREATE INDEX IF NOT EXISTS ix_jobs_name ON jobs (name);
 -- what ended since a time: the dashboard's window (?since=; made at any start if missing)
-CREATE INDEX ix_jobs_finished_at ON jobs (finished_at);
+CREATE INDEX IF NOT EXISTS ix_jobs_finished_at ON jobs (finished_at);
 
 -- One row per launch segment: a job suspended once has two runs.
-CREATE TABLE runs (
+CREATE TABLE IF NOT EXISTS runs (
 	id INTEGER NOT NULL,
 	job_id INTEGER NOT NULL,
 	node VARCHAR(128) NOT NULL,     -- a multi-node run: its nodes, 'n1,n2'
@@ -61,15 +63,15 @@ CREATE TABLE runs (
 	PRIMARY KEY (id),
 	FOREIGN KEY(job_id) REFERENCES jobs (id)
 );
-CREATE INDEX ix_runs_job_id ON runs (job_id);
+CREATE INDEX IF NOT EXISTS ix_runs_job_id ON runs (job_id);
 -- the open runs, which a broker's start adopts (made at any start if missing: no new version)
-CREATE INDEX ix_runs_open ON runs (job_id) WHERE ended_at IS NULL;
-CREATE INDEX ix_runs_ended_at ON runs (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_runs_open ON runs (job_id) WHERE ended_at IS NULL;
+CREATE INDEX IF NOT EXISTS ix_runs_ended_at ON runs (ended_at) WHERE ended_at IS NOT NULL;
 
 -- Append-only journal: submitted started resumed suspend-requested acknowledged
 -- suspend-timeout stop done suspended failed cancelled adopted drain placed
 -- checkpoint-fallback prestarted go.
-CREATE TABLE events (
+CREATE TABLE IF NOT EXISTS events (
 	id INTEGER NOT NULL,
 	at FLOAT NOT NULL,
 	kind VARCHAR(32) NOT NULL,
@@ -78,12 +80,12 @@ CREATE TABLE events (
 	data JSON,                      -- details, e.g. {"step": 745, "latency": 0.02}
 	PRIMARY KEY (id)
 );
-CREATE INDEX ix_events_job_id ON events (job_id);
-CREATE INDEX ix_events_at ON events (at);
-CREATE INDEX ix_events_kind ON events (kind);
+CREATE INDEX IF NOT EXISTS ix_events_job_id ON events (job_id);
+CREATE INDEX IF NOT EXISTS ix_events_at ON events (at);
+CREATE INDEX IF NOT EXISTS ix_events_kind ON events (kind);
 
 -- NVML readings of the broker's own GPUs every --sample-interval (local launcher, real GPUs).
-CREATE TABLE gpu_samples (
+CREATE TABLE IF NOT EXISTS gpu_samples (
 	id INTEGER NOT NULL,
 	at FLOAT NOT NULL,
 	node VARCHAR(128) NOT NULL,
@@ -95,12 +97,12 @@ CREATE TABLE gpu_samples (
 	mem_total INTEGER NOT NULL,
 	PRIMARY KEY (id)
 );
-CREATE INDEX ix_gpu_samples_at ON gpu_samples (at);
-CREATE INDEX ix_gpu_samples_job_id ON gpu_samples (job_id);
+CREATE INDEX IF NOT EXISTS ix_gpu_samples_at ON gpu_samples (at);
+CREATE INDEX IF NOT EXISTS ix_gpu_samples_job_id ON gpu_samples (job_id);
 
 -- What runs measured of their models (the broker learns its curves from them): a run's
 -- throughput at its GPU count over a window, its start-up, what a suspension took.
-CREATE TABLE samples (
+CREATE TABLE IF NOT EXISTS samples (
 	id INTEGER NOT NULL,
 	at FLOAT NOT NULL,
 	model VARCHAR(128) NOT NULL,    -- as the job named it
@@ -112,11 +114,11 @@ CREATE TABLE samples (
 	run_id INTEGER,
 	PRIMARY KEY (id)
 );
-CREATE INDEX ix_samples_model ON samples (model);
+CREATE INDEX IF NOT EXISTS ix_samples_model ON samples (model);
 
 -- Submissions sent with an idempotency key (POST /v1/jobs' Idempotency-Key header, or its
 -- client_token): a retry with the same key is answered with these jobs, not submitted again.
-CREATE TABLE requests (
+CREATE TABLE IF NOT EXISTS requests (
 	"key" VARCHAR(255) NOT NULL,
 	digest VARCHAR(64) NOT NULL,    -- sha256 of the jobs submitted (the same key, other jobs: 409)
 	first_job INTEGER NOT NULL,     -- its jobs: ids first_job .. first_job + jobs - 1
@@ -127,7 +129,7 @@ CREATE TABLE requests (
 
 -- The environments jobs run in (marble submit --export, docs/environment.md), each stored
 -- once for all the jobs that share it.
-CREATE TABLE environments (
+CREATE TABLE IF NOT EXISTS environments (
 	digest VARCHAR(32) NOT NULL,    -- what jobs.env names
 	whole BOOLEAN NOT NULL,         -- ALL: vars are the whole environment; else added to the broker's
 	vars JSON NOT NULL,             -- name -> value
@@ -135,7 +137,7 @@ CREATE TABLE environments (
 );
 
 -- Broker settings of the last start: schema_version, policy, profile, nodes, ...
-CREATE TABLE meta (
+CREATE TABLE IF NOT EXISTS meta (
 	"key" VARCHAR(64) NOT NULL,
 	value VARCHAR NOT NULL,
 	PRIMARY KEY ("key")

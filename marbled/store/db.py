@@ -3,7 +3,12 @@
 One SQLite file in WAL mode under the state directory. Every state change is
 written in one transaction together with its event row, so the journal and the
 derived tables never disagree, and a `kill -9` between two changes loses
-neither. `sql/schema.sql` mirrors these tables for staff.
+neither. `sql/schema.sql` makes the tables (and is what staff read).
+
+The broker's reads and writes are plain SQL on sqlite3, its rows read as named tuples: a
+broker runs without SQLAlchemy's imports (40 % of its start's CPU) and statement building
+(more than the writes themselves cost). `orm.py` describes the same tables to SQLAlchemy
+(`Store.tx()`), for staff's scripts and the tests.
 """
 
 from __future__ import annotations
@@ -14,30 +19,18 @@ import sqlite3
 from collections import namedtuple
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
-
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    create_engine,
-    event,
-    func,
-    select,
-    text,
-    union_all,
-)
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
-from sqlalchemy.pool import StaticPool
+from typing import TYPE_CHECKING
 
 from marbled.core.environment import Environment
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
 from marbled.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.orm import Session
 
 # How to bring a database of version N-1 to N: run at start-up, in one transaction, so a
 # newer marbled opens the state directory of an older one.
@@ -47,10 +40,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN not_before FLOAT"),
-    3: (),  # the gpu_samples table: a new table, made by create_all
+    3: (),  # the gpu_samples table: a new table, made by schema.sql at any start
     4: ("ALTER TABLE jobs ADD COLUMN max_share INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE runs ADD COLUMN share INTEGER NOT NULL DEFAULT 1"),
-    5: (),  # the samples table (what runs measured of their models): made by create_all
+    5: (),  # the samples table (what runs measured of their models): made so too
     # the directory a job runs in; NULL for the jobs of older brokers, which ran in their
     # own directory under the state directory (and still do)
     6: ("ALTER TABLE jobs ADD COLUMN chdir VARCHAR",),
@@ -58,155 +51,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: ("ALTER TABLE jobs ADD COLUMN per_gpu BOOLEAN NOT NULL DEFAULT 0",),
     # the fewest nodes of a node range (NULL: exactly `nodes`, as every job of older brokers)
     8: ("ALTER TABLE jobs ADD COLUMN nodes_min INTEGER",),
-    # the environment a job runs in (a row of the environments table, made by create_all);
+    # the environment a job runs in (a row of the environments table, made so too);
     # NULL: the broker's, as every job of older brokers
     9: ("ALTER TABLE jobs ADD COLUMN env VARCHAR(32)",),
 }
 
 
-# Indexes added to existing tables after their version (create_all makes them only with a new
-# table): made at every start if missing.
-INDEXES = ("CREATE INDEX IF NOT EXISTS ix_runs_open ON runs (job_id) WHERE ended_at IS NULL",
-           # `after:` a name the broker no longer holds (an ended job) is read from the store
-           "CREATE INDEX IF NOT EXISTS ix_jobs_name ON jobs (name)",
-           # what ended since T (the dashboard's window: GET /v1/jobs?since, /v1/runs?since)
-           "CREATE INDEX IF NOT EXISTS ix_jobs_finished_at ON jobs (finished_at)",
-           "CREATE INDEX IF NOT EXISTS ix_runs_ended_at ON runs (ended_at) "
-           "WHERE ended_at IS NOT NULL")
-
-
 class SchemaError(RuntimeError):
     pass
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class JobRow(Base):
-    __tablename__ = "jobs"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str | None] = mapped_column(String(128), index=True)
-    model: Mapped[str | None] = mapped_column(String(128))
-    steps: Mapped[int | None] = mapped_column(Integer)
-    gpus_request: Mapped[int | None] = mapped_column(Integer)  # NULL = auto
-    demand: Mapped[int] = mapped_column(Integer)  # optimal or requested GPU count (per node)
-    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    not_before: Mapped[float | None] = mapped_column(Float)  # retry back-off ends
-    malleable: Mapped[bool] = mapped_column(Boolean)
-    max_share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    command: Mapped[list] = mapped_column(JSON)
-    emulate: Mapped[bool] = mapped_column(Boolean, default=False)
-    after: Mapped[list] = mapped_column(JSON, default=list)
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    step: Mapped[int] = mapped_column(Integer, default=0)  # last step known (checkpoint/progress)
-    suspensions: Mapped[int] = mapped_column(Integer, default=0)
-    submitted_at: Mapped[float] = mapped_column(Float)
-    started_at: Mapped[float | None] = mapped_column(Float)
-    finished_at: Mapped[float | None] = mapped_column(Float, index=True)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str | None] = mapped_column(String)
-    chdir: Mapped[str | None] = mapped_column(String)  # where it runs; NULL: its job directory
-    per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    nodes_min: Mapped[int | None] = mapped_column(Integer)  # a node range's fewest; NULL: nodes
-    env: Mapped[str | None] = mapped_column(String(32))  # environments.digest; NULL: the broker's
-
-
-class RunRow(Base):
-    __tablename__ = "runs"
-    # the open runs (a broker's start adopts them) without a scan of every run ever
-    # and those that ended since a time (partial: the open ones keep to ix_runs_open)
-    __table_args__ = (Index("ix_runs_open", "job_id", sqlite_where=text("ended_at IS NULL")),
-                      Index("ix_runs_ended_at", "ended_at",
-                            sqlite_where=text("ended_at IS NOT NULL")))
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
-    node: Mapped[str] = mapped_column(String(128))
-    # A multi-node run lists its nodes "n1,n2" and their slots "0,1,2;3,4,5" in that order.
-    gpu_ids: Mapped[str] = mapped_column(String)  # comma list of GPU slots, e.g. "0,1,2"
-    devices: Mapped[str | None] = mapped_column(String)  # the GPUs the run saw, if reported
-    gpu_count: Mapped[int] = mapped_column(Integer)  # on all its nodes
-    share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # n: 1/n of it
-    role: Mapped[str] = mapped_column(String(16))
-    started_at: Mapped[float] = mapped_column(Float)
-    ended_at: Mapped[float | None] = mapped_column(Float)
-    start_step: Mapped[int | None] = mapped_column(Integer)
-    end_step: Mapped[int | None] = mapped_column(Integer)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-    end_reason: Mapped[str | None] = mapped_column(String)  # done, suspended, failed, ...
-    pid: Mapped[int | None] = mapped_column(Integer)
-    pid_start: Mapped[int | None] = mapped_column(Integer)  # /proc start time, against pid reuse
-
-
-class EventRow(Base):
-    __tablename__ = "events"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
-    kind: Mapped[str] = mapped_column(String(32), index=True)
-    job_id: Mapped[int | None] = mapped_column(Integer, index=True)
-    run_id: Mapped[int | None] = mapped_column(Integer)
-    data: Mapped[dict | None] = mapped_column(JSON)
-
-
-class GpuSampleRow(Base):
-    """NVML readings of the broker's GPUs every --sample-interval, with the job on each."""
-
-    __tablename__ = "gpu_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
-    node: Mapped[str] = mapped_column(String(128))
-    device: Mapped[str] = mapped_column(String(64))  # as in CUDA_VISIBLE_DEVICES
-    job_id: Mapped[int | None] = mapped_column(Integer, index=True)  # NULL: idle
-    util_gpu: Mapped[int] = mapped_column(Integer)  # percent
-    util_mem: Mapped[int] = mapped_column(Integer)  # percent
-    mem_used: Mapped[int] = mapped_column(Integer)  # bytes
-    mem_total: Mapped[int] = mapped_column(Integer)
-
-
-class SampleRow(Base):
-    """What a run measured of its model: throughput at its GPU count, start-up, suspension.
-    The broker learns its curves from these (marbled.core.learning)."""
-
-    __tablename__ = "samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[float] = mapped_column(Float)
-    model: Mapped[str] = mapped_column(String(128), index=True)  # as the job named it
-    kind: Mapped[str] = mapped_column(String(16))  # throughput | startup | suspend
-    gpus: Mapped[int] = mapped_column(Integer)  # the run's GPU count (throughput)
-    share: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    value: Mapped[float] = mapped_column(Float)  # steps/s or seconds (profiled)
-    job_id: Mapped[int | None] = mapped_column(Integer)
-    run_id: Mapped[int | None] = mapped_column(Integer)
-
-
-class RequestRow(Base):
-    """A submission sent with an idempotency key (POST /v1/jobs' Idempotency-Key): a retry
-    with the key is answered with these jobs, not submitted again."""
-
-    __tablename__ = "requests"
-    key: Mapped[str] = mapped_column(String(255), primary_key=True)
-    digest: Mapped[str] = mapped_column(String(64))  # request_digest() of what was submitted
-    first_job: Mapped[int] = mapped_column(Integer)  # its jobs: first_job, first_job + 1, ...
-    jobs: Mapped[int] = mapped_column(Integer)  # ... how many
-    at: Mapped[float] = mapped_column(Float)
-
-
-class EnvironmentRow(Base):
-    """An environment jobs run in (core/environment.py), stored once for all the jobs that
-    share it: a sweep of 50,000 jobs submitted from one shell has one."""
-
-    __tablename__ = "environments"
-    digest: Mapped[str] = mapped_column(String(32), primary_key=True)
-    whole: Mapped[bool] = mapped_column(Boolean)  # ALL: `vars` are all of it; else added
-    vars: Mapped[dict] = mapped_column(JSON)  # name -> value
-
-
-class MetaRow(Base):
-    __tablename__ = "meta"
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(String)
 
 
 JOB_RECORD_COLUMNS = (
@@ -217,6 +69,49 @@ JOB_RECORD_COLUMNS = (
 JobRecord = namedtuple("JobRecord", JOB_RECORD_COLUMNS)  # one `jobs` row, read fast
 
 
+RUN_COLUMNS = ("id", "job_id", "node", "gpu_ids", "devices", "gpu_count", "share", "role",
+               "started_at", "ended_at", "start_step", "end_step", "exit_code", "end_reason",
+               "pid", "pid_start")
+RunRecord = namedtuple("RunRecord", RUN_COLUMNS)  # one `runs` row
+SAMPLE_COLUMNS = ("id", "at", "model", "kind", "gpus", "share", "value", "job_id", "run_id")
+SampleRecord = namedtuple("SampleRecord", SAMPLE_COLUMNS)  # one `samples` row
+EVENT_COLUMNS = ("id", "at", "kind", "job_id", "run_id", "data")
+EventRecord = namedtuple("EventRecord", EVENT_COLUMNS)  # one `events` row, its data decoded
+GPU_SAMPLE_COLUMNS = ("id", "at", "node", "device", "job_id", "util_gpu", "util_mem",
+                      "mem_used", "mem_total")
+GpuSampleRecord = namedtuple("GpuSampleRecord", GPU_SAMPLE_COLUMNS)  # one `gpu_samples` row
+
+
+def _job_record(r: tuple) -> JobRecord:
+    """A `jobs` row's values as its record: flags as bools, the JSON columns decoded."""
+    loads = json.loads
+    return JobRecord(*r[:10], bool(r[10]), r[11], loads(r[12]) if r[12] is not None else None,
+                     bool(r[13]), loads(r[14]) if r[14] is not None else None, *r[15:24],
+                     bool(r[24]), *r[25:])
+
+
+def _event_record(r: tuple) -> EventRecord:
+    return EventRecord(*r[:5], json.loads(r[5]) if r[5] is not None else None)
+
+
+SCHEMA_SQL = Path(__file__).resolve().parent.parent / "sql" / "schema.sql"  # staff read it too
+
+
+@cache
+def _schema() -> str:
+    return SCHEMA_SQL.read_text()
+
+
+def pragmas(con: sqlite3.Connection) -> None:
+    """Every connection's settings (the writer's, and SQLAlchemy's: `orm.engine_for`)."""
+    con.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode survives a crash of the process (kill -9) with every
+    # committed transaction; only an OS crash may lose the last few.
+    con.execute("PRAGMA synchronous=NORMAL")
+    con.execute("PRAGMA foreign_keys=ON")
+    con.execute("PRAGMA busy_timeout=5000")
+
+
 class Store:
     """The broker's SQLite database. Writes happen only on the broker's event loop thread.
 
@@ -224,63 +119,66 @@ class Store:
 
     def __init__(self, path: Path | None):
         self.path = Path(path) if path is not None else None
-        if self.path is None:
-            self.engine = create_engine("sqlite://", poolclass=StaticPool,
-                                        json_serializer=json.dumps)
-        else:
-            self.engine = create_engine(f"sqlite:///{self.path}", json_serializer=json.dumps)
-        event.listen(self.engine, "connect", _sqlite_pragmas)
         if self.path is not None:
             migrate(self.path)
-        Base.metadata.create_all(self.engine)
-        # Indexes added since their table (no new version: an older marbled reads and writes
-        # the same rows, and an index it does not know of is kept up to date by SQLite)
-        with self.engine.begin() as con:
-            for statement in INDEXES:
-                con.exec_driver_sql(statement)
-        self._writer = None  # the pooled connection the broker's ledger writes through
-        with self.tx() as s:
-            if s.get(MetaRow, "schema_version") is None:
-                s.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+        # check_same_thread off, as SQLAlchemy's pool had it: only the loop thread writes
+        self._con = sqlite3.connect(self.path or ":memory:", check_same_thread=False)
+        pragmas(self._con)
+        # Every table and index, made where missing: a new database's, a table or index added
+        # since an older marbled made this one (no new version: an older marbled reads and
+        # writes the same rows, and an index it does not know of is kept up to date by SQLite)
+        self._con.executescript(_schema())
+        if self._con.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() \
+                is None:
+            with self._con:
+                self._con.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                                  (str(SCHEMA_VERSION),))
+        self._engine: Engine | None = None  # SQLAlchemy's (`tx`), made at its first use
         # key -> [digest, first job id, job count, this broker's answer or None]; read at the
         # first keyed submission (`requested`)
         self.requests: dict[str, list] | None = None
 
+    @property
+    def engine(self) -> Engine:
+        """SQLAlchemy's engine on this database (`orm.py`), made at its first use."""
+        if self._engine is None:
+            from marbled.store.orm import engine_for
+
+            self._engine = engine_for(self.path, self._con)
+        return self._engine
+
     @contextmanager
     def tx(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on error."""
+        """One transaction through SQLAlchemy: committed on success, rolled back on error."""
+        from sqlalchemy.orm import Session
+
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
     def writer(self) -> sqlite3.Connection:
-        """The DBAPI connection the broker's writes go through (`daemon/ledger.py`: plain
-        SQL, no statement building): one, held for the store's life, from the engine's pool
-        (so with its pragmas; in memory, the one connection). Only the loop thread uses it."""
-        if self._writer is None:
-            self._writer = self.engine.raw_connection()
-        return self._writer.driver_connection
+        """The connection the broker's writes go through (`daemon/ledger.py`: plain SQL, no
+        statement building), held for the store's life (in memory, the one connection).
+        Only the loop thread uses it."""
+        return self._con
 
     def set_meta(self, **values: str) -> None:
-        with self.tx() as s:
-            for key, value in values.items():
-                s.merge(MetaRow(key=key, value=str(value)))
+        """At a broker's start (the writer holds no transaction yet)."""
+        with self._con:
+            self._con.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                  [(k, str(v)) for k, v in values.items()])
 
     def meta(self) -> dict[str, str]:
-        with self.tx() as s:
-            return {m.key: m.value for m in s.scalars(select(MetaRow))}
+        return dict(self.writer().execute("SELECT key, value FROM meta"))
 
     def environments(self) -> dict[str, Environment]:
         """Every stored environment, by digest (few: one per submitting shell)."""
-        with self.tx() as s:
-            return {r.digest: Environment(tuple(sorted(r.vars.items())), bool(r.whole))
-                    for r in s.scalars(select(EnvironmentRow))}
+        return {digest: Environment(tuple(sorted(json.loads(names).items())), bool(whole))
+                for digest, whole, names in self.writer().execute(
+                    "SELECT digest, whole, vars FROM environments")}
 
-    def jobs(self, ids: list[int] | None = None) -> list[JobRow]:
-        with self.tx() as s:
-            q = select(JobRow).order_by(JobRow.id)
-            if ids is not None:
-                q = q.where(JobRow.id.in_(ids))
-            return list(s.scalars(q))
+    def jobs(self, ids: Collection[int] | None = None) -> list[JobRecord]:
+        """The `jobs` rows (of `ids` if given) in id order."""
+        return self._read(JobRecord, JOB_RECORD_COLUMNS, "jobs", "id", "id", ids)
 
     def job_page(self, *, states: Collection[str] = (), also: Collection[int] = (),
                  after: int = 0, limit: int | None = None, name: str | None = None,
@@ -312,11 +210,7 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        loads = json.loads
-        return [JobRecord(*r[:10], bool(r[10]), r[11],
-                          loads(r[12]) if r[12] is not None else None, bool(r[13]),
-                          loads(r[14]) if r[14] is not None else None, *r[15:])
-                for r in self.writer().execute(sql, args)]
+        return [_job_record(r) for r in self.writer().execute(sql, args)]
 
     # What a broker asks of the jobs it no longer holds (it keeps the unfinished ones only):
     # plain SQL on the writer's connection, which sees its own writes not yet committed.
@@ -357,56 +251,77 @@ class Store:
                 f"runs WHERE job_id IN ({', '.join('?' * len(part))}) GROUP BY job_id)", part))
         return out
 
-    def runs(self, job_id: int | None = None) -> list[RunRow]:
-        return self._of_job(RunRow, job_id, RunRow.started_at, RunRow.id)
+    def runs(self, job_id: int | None = None) -> list[RunRecord]:
+        return self._read(RunRecord, RUN_COLUMNS, "runs", "started_at, id", "job_id",
+                          None if job_id is None else (job_id,))
 
-    def runs_since(self, since: float) -> list[RunRow]:
+    def runs_since(self, since: float) -> list[RunRecord]:
         """The runs open, or ended at `since` or later, in start order (ix_runs_open and
         ix_runs_ended_at: no scan of every run ever)."""
         # a subquery of the two: with an OR, SQLite scanned every run
-        ids = union_all(select(RunRow.id).where(RunRow.ended_at.is_(None)),
-                        select(RunRow.id).where(RunRow.ended_at >= since))
-        with self.tx() as s:
-            return list(s.scalars(select(RunRow).where(RunRow.id.in_(ids))
-                                  .order_by(RunRow.started_at, RunRow.id)))
+        return [RunRecord(*r) for r in self.writer().execute(
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE id IN (SELECT id FROM runs "
+            "WHERE ended_at IS NULL UNION ALL SELECT id FROM runs WHERE ended_at >= ?) "
+            "ORDER BY started_at, id", (since,))]
 
-    def open_runs(self) -> list[RunRow]:
+    def open_runs(self) -> list[RunRecord]:
         """The runs not recorded as ended (ix_runs_open: no scan of every run ever)."""
-        with self.tx() as s:
-            return list(s.scalars(select(RunRow).where(RunRow.ended_at.is_(None))
-                                  .order_by(RunRow.started_at, RunRow.id)))
+        return [RunRecord(*r) for r in self.writer().execute(
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE ended_at IS NULL "
+            "ORDER BY started_at, id")]
 
-    def events(self, job_id: int | None = None) -> list[EventRow]:
-        return self._of_job(EventRow, job_id, EventRow.id)
+    def events(self, job_id: int | None = None) -> list[EventRecord]:
+        return self._read(EventRecord, EVENT_COLUMNS, "events", "id", "job_id",
+                          None if job_id is None else (job_id,))
 
-    def gpu_samples(self, job_id: int | None = None) -> list[GpuSampleRow]:
-        return self._of_job(GpuSampleRow, job_id, GpuSampleRow.id)
+    def gpu_samples(self, job_id: int | None = None) -> list[GpuSampleRecord]:
+        return self._read(GpuSampleRecord, GPU_SAMPLE_COLUMNS, "gpu_samples", "id", "job_id",
+                          None if job_id is None else (job_id,))
 
-    def samples(self) -> list[SampleRow]:
+    def samples(self) -> list[SampleRecord]:
         """Every measurement of a model, oldest first."""
-        return self._of_job(SampleRow, None, SampleRow.id)
+        return self._read(SampleRecord, SAMPLE_COLUMNS, "samples", "id")
 
-    def _of_job(self, row_type, job_id: int | None, *order) -> list:
-        """Every row of `row_type` in `order`, or those of one job."""
-        with self.tx() as s:
-            q = select(row_type).order_by(*order)
-            if job_id is not None:
-                q = q.where(row_type.job_id == job_id)
-            return list(s.scalars(q))
+    def _read(self, record, columns: tuple[str, ...], table: str, order: str,
+              key: str | None = None, values: Collection[int] | None = None) -> list:
+        """Every row of `table` as `record`s in `order`, or those whose `key` is one of
+        `values` (in pages: within SQLite's limit of variables)."""
+        sql = f"SELECT {', '.join(columns)} FROM {table}"
+        make = _job_record if record is JobRecord else \
+            _event_record if record is EventRecord else lambda r: record(*r)
+        if values is None:
+            return [make(r) for r in self.writer().execute(f"{sql} ORDER BY {order}")]
+        values, rows = list(values), []
+        for i in range(0, len(values), 500):
+            part = values[i:i + 500]
+            rows += self.writer().execute(
+                f"{sql} WHERE {key} IN ({', '.join('?' * len(part))}) ORDER BY {order}", part)
+        if len(values) > 500:  # the pages' rows in one order
+            rows.sort(key=lambda r: tuple(r[columns.index(c.strip())]
+                                          for c in order.split(",")))
+        return [make(r) for r in rows]
 
     def requested(self, key: str) -> list | None:
         """The submission made with idempotency key `key`: [digest, first job id, job count,
         the answer given if this store's broker gave it], or None. The first call reads the
         keys stored by earlier brokers (only a broker asks: offline readers never do)."""
         if self.requests is None:
-            with self.tx() as s:
-                # A key is stored before its jobs commit: one whose jobs never did (a crash,
-                # a failed commit) is forgotten, so that its retry submits them
-                s.execute(RequestRow.__table__.delete().where(
-                    RequestRow.first_job + RequestRow.jobs - 1
-                    > select(func.coalesce(func.max(JobRow.id), 0)).scalar_subquery()))
-                self.requests = {r.key: [r.digest, r.first_job, r.jobs, None]
-                                 for r in s.scalars(select(RequestRow))}
+            # in a transaction of its own, on a connection of its own (in memory, the one):
+            # the writer's may hold the loop's
+            own = self.path is not None
+            con = sqlite3.connect(self.path, timeout=5.0) if own else self._con
+            try:
+                with con:
+                    # A key is stored before its jobs commit: one whose jobs never did (a
+                    # crash, a failed commit) is forgotten, so that its retry submits them
+                    con.execute("DELETE FROM requests WHERE first_job + jobs - 1 > "
+                                "(SELECT coalesce(max(id), 0) FROM jobs)")
+                    self.requests = {k: [digest, first, jobs, None] for k, digest, first, jobs
+                                     in con.execute("SELECT key, digest, first_job, jobs "
+                                                    "FROM requests")}
+            finally:
+                if own:
+                    con.close()
         return self.requests.get(key)
 
     def request_made(self, key: str, digest: str, first_job: int, jobs: int,
@@ -439,14 +354,12 @@ class Store:
         answer[1].add_done_callback(done)
 
     def next_job_id(self) -> int:
-        with self.tx() as s:
-            return (s.scalar(select(func.max(JobRow.id))) or 0) + 1
+        return (self.writer().execute("SELECT max(id) FROM jobs").fetchone()[0] or 0) + 1
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self.engine.dispose()
+        self._con.close()
+        if self._engine is not None:
+            self._engine.dispose()
 
 
 def job_spec(row, environments: Mapping[str, Environment] | None = None) -> JobSpec:
@@ -506,14 +419,3 @@ def migrate(path: Path) -> int | None:
         return found
     finally:
         con.close()
-
-
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    # NORMAL in WAL mode survives a crash of the process (kill -9) with every
-    # committed transaction; only an OS crash may lose the last few.
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
-    cur.close()

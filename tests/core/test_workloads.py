@@ -25,7 +25,8 @@ from marbled.sim.workloads import (
     trace_from_store,
     write_trace,
 )
-from marbled.store.db import JobRow, Store
+from marbled.store.db import Store
+from marbled.store.orm import JobRow
 from tests.core.test_simulator import MULTI_NODE_JOBS, TWO_BY_TWO
 
 # ---------------------------------------------------------------- paper job sets
