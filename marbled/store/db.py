@@ -410,6 +410,9 @@ def migrate(path: Path) -> int | None:
             con.execute("ROLLBACK")
             raise SchemaError(f"{path} has schema version {found}, newer than this marbled's "
                               f"({SCHEMA_VERSION}); use the newer marbled that wrote it")
+        if found == SCHEMA_VERSION:  # nothing to write (a commit: an fsync at every start)
+            con.execute("ROLLBACK")
+            return found
         for version in range(found + 1, SCHEMA_VERSION + 1):
             for statement in MIGRATIONS[version]:
                 con.execute(statement)

@@ -4,7 +4,7 @@ it with sqlite3 alone, and a CLI process should not pay SQLAlchemy's 0.2-0.3 s i
 from __future__ import annotations
 
 SCHEMA_VERSION = 9
-# (A new table needs no new version: create_all makes it at any start, and an older marbled
+# (A new table needs no new version: sql/schema.sql makes it at any start, and an older marbled
 # leaves it alone; the requests table came so.)
 
 

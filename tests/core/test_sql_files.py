@@ -103,6 +103,19 @@ def test_the_store_reads_rows_as_sqlalchemy_reads_them(tmp_path):
     store.close()
 
 
+def test_a_current_state_file_is_not_written_at_a_start(tmp_path):
+    """A file already of this version gets no migration's commit (an fsync, on a parallel
+    file system milliseconds or more, at every broker's start)."""
+    path = tmp_path / "marble.db"
+    Store(path).close()
+    watcher = sqlite3.connect(path)
+    before = watcher.execute("PRAGMA data_version").fetchone()[0]
+    assert migrate(path) == SCHEMA_VERSION
+    Store(path).close()
+    assert watcher.execute("PRAGMA data_version").fetchone()[0] == before
+    watcher.close()
+
+
 def test_staff_reports_run_on_a_store(tmp_path):
     Store(tmp_path / "marble.db").close()
     con = sqlite3.connect(tmp_path / "marble.db")
