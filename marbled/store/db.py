@@ -90,6 +90,15 @@ def _job_record(r: tuple) -> JobRecord:
                      bool(r[24]), *r[25:])
 
 
+PAGE = 500  # ids a statement names at most (within SQLite's limit of variables)
+
+
+def _pages(values: Collection[int]) -> Iterator[list[int]]:
+    values = list(values)
+    for i in range(0, len(values), PAGE):
+        yield values[i:i + PAGE]
+
+
 def _event_record(r: tuple) -> EventRecord:
     return EventRecord(*r[:5], json.loads(r[5]) if r[5] is not None else None)
 
@@ -178,7 +187,7 @@ class Store:
 
     def jobs(self, ids: Collection[int] | None = None) -> list[JobRecord]:
         """The `jobs` rows (of `ids` if given) in id order."""
-        return self._read(JobRecord, JOB_RECORD_COLUMNS, "jobs", "id", "id", ids)
+        return self._read(_job_record, JOB_RECORD_COLUMNS, "jobs", "id", "id", ids)
 
     def job_page(self, *, states: Collection[str] = (), also: Collection[int] = (),
                  after: int = 0, limit: int | None = None, name: str | None = None,
@@ -243,62 +252,59 @@ class Store:
 
     def last_runs(self, job_ids: Collection[int]) -> dict[int, tuple[str, str | None]]:
         """(role, end reason) of the last run of each of `job_ids` that has one."""
-        ids, out = list(job_ids), {}
-        for i in range(0, len(ids), 500):  # (a page of every job: within SQLite's variables)
-            part = ids[i:i + 500]
+        out = {}
+        for part in _pages(job_ids):
             out.update((r[0], (r[1], r[2])) for r in self.writer().execute(
                 "SELECT job_id, role, end_reason FROM runs WHERE id IN (SELECT max(id) FROM "
                 f"runs WHERE job_id IN ({', '.join('?' * len(part))}) GROUP BY job_id)", part))
         return out
 
     def runs(self, job_id: int | None = None) -> list[RunRecord]:
-        return self._read(RunRecord, RUN_COLUMNS, "runs", "started_at, id", "job_id",
+        return self._read(RunRecord._make, RUN_COLUMNS, "runs", "started_at, id", "job_id",
                           None if job_id is None else (job_id,))
 
     def runs_since(self, since: float) -> list[RunRecord]:
         """The runs open, or ended at `since` or later, in start order (ix_runs_open and
         ix_runs_ended_at: no scan of every run ever)."""
         # a subquery of the two: with an OR, SQLite scanned every run
-        return [RunRecord(*r) for r in self.writer().execute(
+        return [RunRecord._make(r) for r in self.writer().execute(
             f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE id IN (SELECT id FROM runs "
             "WHERE ended_at IS NULL UNION ALL SELECT id FROM runs WHERE ended_at >= ?) "
             "ORDER BY started_at, id", (since,))]
 
     def open_runs(self) -> list[RunRecord]:
         """The runs not recorded as ended (ix_runs_open: no scan of every run ever)."""
-        return [RunRecord(*r) for r in self.writer().execute(
+        return [RunRecord._make(r) for r in self.writer().execute(
             f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE ended_at IS NULL "
             "ORDER BY started_at, id")]
 
     def events(self, job_id: int | None = None) -> list[EventRecord]:
-        return self._read(EventRecord, EVENT_COLUMNS, "events", "id", "job_id",
+        return self._read(_event_record, EVENT_COLUMNS, "events", "id", "job_id",
                           None if job_id is None else (job_id,))
 
     def gpu_samples(self, job_id: int | None = None) -> list[GpuSampleRecord]:
-        return self._read(GpuSampleRecord, GPU_SAMPLE_COLUMNS, "gpu_samples", "id", "job_id",
-                          None if job_id is None else (job_id,))
+        return self._read(GpuSampleRecord._make, GPU_SAMPLE_COLUMNS, "gpu_samples", "id",
+                          "job_id", None if job_id is None else (job_id,))
 
     def samples(self) -> list[SampleRecord]:
         """Every measurement of a model, oldest first."""
-        return self._read(SampleRecord, SAMPLE_COLUMNS, "samples", "id")
+        return self._read(SampleRecord._make, SAMPLE_COLUMNS, "samples", "id")
 
-    def _read(self, record, columns: tuple[str, ...], table: str, order: str,
-              key: str | None = None, values: Collection[int] | None = None) -> list:
-        """Every row of `table` as `record`s in `order`, or those whose `key` is one of
-        `values` (in pages: within SQLite's limit of variables)."""
+    def _read(self, make: Callable[[tuple], tuple], columns: tuple[str, ...], table: str,
+              order: str, key: str | None = None,
+              values: Collection[int] | None = None) -> list:
+        """Every row of `table` made a record by `make`, in `order`, or those whose `key` is
+        one of `values`."""
         sql = f"SELECT {', '.join(columns)} FROM {table}"
-        make = _job_record if record is JobRecord else \
-            _event_record if record is EventRecord else lambda r: record(*r)
         if values is None:
             return [make(r) for r in self.writer().execute(f"{sql} ORDER BY {order}")]
-        values, rows = list(values), []
-        for i in range(0, len(values), 500):
-            part = values[i:i + 500]
+        rows = []
+        for part in _pages(values):
             rows += self.writer().execute(
                 f"{sql} WHERE {key} IN ({', '.join('?' * len(part))}) ORDER BY {order}", part)
-        if len(values) > 500:  # the pages' rows in one order
-            rows.sort(key=lambda r: tuple(r[columns.index(c.strip())]
-                                          for c in order.split(",")))
+        if len(rows) > 1 and len(values) > PAGE:  # the pages' rows in one order
+            at = [columns.index(c.strip()) for c in order.split(",")]
+            rows.sort(key=lambda r: [r[i] for i in at])
         return [make(r) for r in rows]
 
     def requested(self, key: str) -> list | None:
