@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing's, without importing typing (3 ms of `marble submit`)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -84,5 +84,8 @@ def main(ctx: click.Context, state_dir: Path | None, url: str | None, as_json: b
                "json": as_json}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m marbled.cli.client_cmd: as the `marble` script
+    from marbled.cli.entry import quick
+
+    quick()
     main()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from marbled.cli import quick_submit
 from marbled.cli.client import ApiError
 from marbled.cli.common import (
     call,
@@ -25,6 +26,7 @@ from marbled.cli.common import (
     profiled_option,
     reader,
 )
+from marbled.cli.quick_submit import job_doc, note_lines, submitted_line
 from marbled.core.errors import SpecError
 from marbled.core.shapes import gpus_text, shape_text
 
@@ -136,14 +138,10 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
             raise click.UsageError(f"give the command to run after --, e.g. 'marble submit "
                                    f"{example or '--gpus 1'} -- python train.py', or --emulate "
                                    "for marbled's emulated job of --model")
-        # as typed (an option not given left out): the broker checks it, as any job's
-        # (JobSpec.from_mapping), and typed_refusal says its refusal as the option's
-        doc = {"command": list(command), "emulate": emulate, "model": model, "steps": steps,
-               "gpus": _number(gpus), "after": [_number(a) for a in after], "name": name,
-               "nodes": _number(nodes), "retries": retries,
-               "chdir": os.path.normpath(chdir or os.getcwd()), "new_model": new_model,
-               "per_gpu": per_gpu}
-        docs = [{k: v for k, v in doc.items() if v is not None and v is not False and v != []}]
+        docs = [job_doc({"command": command, "emulate": emulate, "model": model, "steps": steps,
+                         "gpus": gpus, "after": after, "name": name, "nodes": nodes,
+                         "retries": retries, "new_model": new_model, "per_gpu": per_gpu},
+                        chdir)]
     body = {"jobs": docs, **shared.to_mapping()}
     # with a key of its own: sent again after a timeout, it cannot submit the jobs twice; a
     # refusal of a file's job (field 'jobs[1].steps') names its line, as the file's reader
@@ -176,7 +174,8 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
     else:
         def send() -> dict:
             try:
-                return api.submit(body, on_retry=say)
+                # a refused quick submission (quick_submit.py) again, with its key
+                return api.submit(body, on_retry=say, key=quick_submit.SENT_KEY)
             except ApiError as exc:
                 typed = None if job_file else typed_refusal(exc)
                 if typed:
@@ -186,20 +185,12 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         result = call(send, place=place)
 
     def notes(job: dict) -> None:
-        for note in job.get("notes", ()):
-            click.echo(f"note: job {job['id']}: {note} (say "
-                       + ("'new_model: true'" if job_file else "--new-model")
-                       + " if you mean it)", err=True)
+        for line in note_lines(job, from_file=bool(job_file)):
+            click.echo(line, err=True)
 
     def text() -> None:
         for job in result["jobs"]:
-            how = "auto" if job["malleable"] else "fixed"
-            shape = shape_text(job["demand"], job.get("nodes") or 1, job.get("nodes_min"),
-                               bool(job.get("per_gpu")))
-            click.echo(f"submitted job {job['id']}"
-                       + (f" ({job['name']})" if job["name"] else "")
-                       + f": {shape} ({how}"
-                       + (", one process per GPU)" if job.get("per_gpu") else ")"))
+            click.echo(submitted_line(job))
             notes(job)
 
     if not wait:
@@ -214,12 +205,6 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
         text()
     wait_for(ctx, api, [job["id"] for job in result["jobs"]], timeout=None, interval=1.0,
              quiet=False, as_json=as_json)
-
-
-def _number(text: str | None) -> int | str | None:
-    """An option's value as the API takes it: a whole number as one ('2'), else as typed
-    ('auto', '1-2'), for the broker to take or refuse."""
-    return int(text) if text and text.isascii() and text.isdigit() else text
 
 
 def typed_refusal(exc: ApiError) -> click.UsageError | None:

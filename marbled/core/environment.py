@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from marbled.core.errors import SpecError
 
@@ -51,13 +51,12 @@ def never_exported(name: str) -> bool:
             or name in RUN_VARS)
 
 
-@dataclass(frozen=True)
-class Environment:
-    """`vars` the job runs with: its whole environment when `whole` (ALL), else added to the
-    broker's. The default, no variables and not whole, is the broker's environment."""
-
-    vars: tuple[tuple[str, str], ...] = ()
-    whole: bool = False
+# A named tuple rather than a frozen dataclass: as immutable, and `marble submit` does not
+# import dataclasses (and inspect with it: 10 ms of a 40 ms call)
+class Environment(namedtuple("Environment", ("vars", "whole"), defaults=((), False))):
+    """`vars` the job runs with (a tuple of (name, value)): its whole environment when
+    `whole` (ALL), else added to the broker's. The default, no variables and not whole, is
+    the broker's environment."""
 
     @property
     def is_default(self) -> bool:

@@ -33,12 +33,24 @@ except SystemExit as exc:
 with open(sys.argv[1], "w") as out:
     json.dump({"code": code, "modules": sorted(sys.modules)}, out)
 """
+# as the `marble` console script runs: its quick path for submit first (quick_submit.py)
+SCRIPT = """
+import json, sys
+from marbled.cli.entry import marble
+record, sys.argv = sys.argv[1], ["marble", *sys.argv[2:]]
+try:
+    marble()
+except SystemExit as exc:
+    code = exc.code
+with open(record, "w") as out:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
+"""
 
 
-def marble(daemon, tmp_path, *args: str) -> tuple[int, list[str], str]:
+def marble(daemon, tmp_path, *args: str, run: str = RUN) -> tuple[int, list[str], str]:
     """Run `marble ARGS` in a new interpreter: its exit code, modules and output."""
     record = tmp_path / "modules.json"
-    done = subprocess.run([sys.executable, "-c", RUN, str(record), *args],
+    done = subprocess.run([sys.executable, "-c", run, str(record), *args],
                           env={**os.environ, "MARBLE_STATE_DIR": str(daemon.state_dir)},
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and record.exists(), done.stderr
@@ -74,3 +86,41 @@ def test_the_fast_commands_import_only_what_they_print_with(daemon, tmp_path):
         exit_code, modules, said = marble(daemon, tmp_path, *args)
         assert exit_code == code and says in said, (args, said)
         assert heavy(modules) == [], f"marble {' '.join(args)} imports {heavy(modules)}"
+
+
+# the same submissions through the quick path and through click's command: what each says
+# and exits with; a refusal goes from the quick path to click's command, which sends it
+# again with the same Idempotency-Key and says it
+SUBMISSIONS = [
+    ("submit", "--gpus", "1", "--", "true"),
+    ("--json", "submit", "--gpus", "1", "--name", "n", "--", "true"),
+    ("submit", "--model", "resnt-50", "--steps", "100", "--after", "n", "--", "true"),
+    ("submit", "--emulate", "--model", "resnet-50", "--steps", "40", "--retries", "2"),
+    ("submit", "--gpus", "1", "--steps", "0", "--", "true"),
+    ("submit", "--gpus", "99", "--", "true"),
+    ("submit", "--after", "nobody", "--", "true"),
+    ("submit", "--export", "NONE,SLURM_JOB_ID=1", "--", "true"),
+    ("submit", "--gpus", "1", "--chdir", ".", "--", "true"),
+]
+
+
+def test_the_quick_path_says_what_click_says(daemon, tmp_path):
+    """Each submission through the `marble` script (quick path) and through click's command
+    alone: the same exit status and text but for the job ids, the same jobs made (one
+    each, none for a refusal); the quick path imports no click where it submits."""
+    import re
+
+    def said(text: str) -> str:
+        return re.sub(r"job \d+|\"(id|after|submitted_at|step|chdir)\": [^,\n]+", "X", text)
+
+    for args in SUBMISSIONS:
+        before = len(daemon.jobs())
+        results = []
+        for run in (SCRIPT, RUN):
+            code, modules, text = marble(daemon, tmp_path, *args, run=run)
+            results.append((code, said(text)))
+            if run is SCRIPT and code == 0 and "--chdir" not in args:
+                assert "click" not in modules, f"marble {' '.join(args)} imported click"
+        assert results[0] == results[1], args
+        made = len(daemon.jobs()) - before
+        assert made == (2 if results[0][0] == 0 else 0), (args, made)
