@@ -1,15 +1,22 @@
-"""What every `marble` command shares: finding the broker, calling it, and printing."""
+"""What every `marble` command shares: finding the broker, calling it, and printing.
+
+click is imported where a function needs it (an error to raise, an option to declare), not
+here: `marble submit` and `status` run without it (`quick.py`)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-
-import click
+import sys
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
 from marbled.paths import TOKEN_NAME, socket_path
+
+TYPE_CHECKING = False  # typing's, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import click
 
 FINAL = {"done", "failed", "cancelled"}
 
@@ -23,6 +30,8 @@ def client(ctx: click.Context) -> BrokerClient:
             try:
                 token = (root["state_dir"] / TOKEN_NAME).read_text().strip()
             except OSError:
+                import click
+
                 raise click.ClickException(
                     "--url needs the broker's token: set MARBLE_TOKEN, or point --state-dir "
                     f"at its state directory (it reads {TOKEN_NAME} there)") from None
@@ -56,7 +65,7 @@ class Reader:
                 self.offline = OfflineApi(self.state_dir)
             except NoRecords as why:
                 raise BrokerUnreachable(f"{exc} ({why})") from None
-            click.echo(self.offline.note, err=True)
+            print(self.offline.note, file=sys.stderr, flush=True)
             return self.offline.get(path)
         self.live = True
         return answer
@@ -73,6 +82,8 @@ def reader(ctx: click.Context) -> Reader:
 def call(fn: Callable, *args, place: Callable[[str | None], str | None] = lambda f: None):
     """A request to the broker; its refusal or absence as a one-line error. `place`: where
     the field a refusal names was read (e.g. 'jobs.yaml:3'), to say first; None if unknown."""
+    import click
+
     try:
         return fn(*args)
     except BrokerUnreachable as exc:
@@ -92,6 +103,8 @@ def job_id(api: BrokerClient, ref: str) -> int:
 
     named = call(api.get, f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
     if not named:
+        import click
+
         raise click.ClickException(f"no job is named '{ref}' (give a job id or name; "
                                    "'marble status --all' lists them)")
     return named[-1]["id"]
@@ -100,12 +113,16 @@ def job_id(api: BrokerClient, ref: str) -> int:
 def json_option(command: Callable) -> Callable:
     """`--json` on a command: its result is printed as JSON for scripts (so is every
     command's with `marble --json COMMAND`)."""
+    import click
+
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON (for scripts).")(command)
 
 
 def profiled_option(command: Callable) -> Callable:
     """`--profiled`: times in the emulated clock instead of real seconds."""
+    import click
+
     return click.option(
         "--profiled", is_flag=True,
         help="Times in profiled seconds (real seconds / marbled's --time-scale), as the "
@@ -156,6 +173,6 @@ def left_out_text(forecast: dict, most: int = 3) -> str:
 def output(ctx: click.Context, as_json: bool, doc: object, text: Callable[[], None]) -> None:
     """Print `doc` as JSON if asked (here or on `marble`), else call `text` to print it."""
     if as_json or (ctx.find_root().obj or {}).get("json"):
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        print(json.dumps(doc, indent=2, sort_keys=True), flush=True)
     else:
         text()

@@ -50,12 +50,12 @@ def marble() -> None:
 
 
 def quick() -> None:
-    """`marble submit`'s everyday form without click (quick_submit.py): exits when it has
-    submitted; returns otherwise, for click's command, which handles every form and says
-    every error."""
-    if "submit" in sys.argv[1:]:
+    """`marble submit`'s and `status`'s everyday forms without click (quick.py): exits when
+    done; returns otherwise, for click's command, which handles every form and says every
+    error."""
+    if "submit" in sys.argv[1:] or "status" in sys.argv[1:]:
         with without_collections():  # its imports too (a process that makes no cycles)
-            from marbled.cli.quick_submit import NotHere, submit
+            from marbled.cli.quick import NotHere, run
 
             with suppress(NotHere):
-                sys.exit(submit(sys.argv[1:]))
+                sys.exit(run(sys.argv[1:]))

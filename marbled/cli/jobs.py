@@ -12,23 +12,21 @@ from pathlib import Path
 
 import click
 
-from marbled.cli import quick_submit
+from marbled.cli import quick
 from marbled.cli.client import ApiError
 from marbled.cli.common import (
     call,
     client,
-    eta_text,
-    forecast_text,
     job_id,
     json_option,
-    left_out_text,
     output,
     profiled_option,
     reader,
 )
-from marbled.cli.quick_submit import job_doc, note_lines, submitted_line
+from marbled.cli.quick import job_doc, note_lines, submitted_line
+from marbled.cli.status_view import STATUS_LIMIT, UNFINISHED, status_doc, status_lines
 from marbled.core.errors import SpecError
-from marbled.core.shapes import gpus_text, shape_text
+from marbled.core.shapes import shape_text
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -174,8 +172,8 @@ def submit(ctx, model, steps, gpus, nodes, per_gpu, retries, after, name, emulat
     else:
         def send() -> dict:
             try:
-                # a refused quick submission (quick_submit.py) again, with its key
-                return api.submit(body, on_retry=say, key=quick_submit.SENT_KEY)
+                # a refused quick submission (quick.py) again, with its key
+                return api.submit(body, on_retry=say, key=quick.SENT_KEY)
             except ApiError as exc:
                 typed = None if job_file else typed_refusal(exc)
                 if typed:
@@ -223,42 +221,6 @@ def typed_refusal(exc: ApiError) -> click.UsageError | None:
     return click.UsageError(f"{option}: {message}")
 
 
-GPUS_WIDTH = 12  # the GPUS column's, unless a multi-node run's node names need more
-
-
-def header(gpus_width: int = GPUS_WIDTH) -> str:
-    return (f"{'ID':>5} {'NAME':<20} {'MODEL':<14} {'STATE':<10} {'ROLE':<9} {'WANT':>4} "
-            f"{'GPUS':<{gpus_width}} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
-
-
-HEADER = header()
-
-
-def gpus_cell(j: dict) -> str:
-    """The GPUS column: the GPU slots of a job's run ('0,1'), each node's behind its name on
-    several nodes, as Slurm names nodes ('n1:0,1 n2:0,1'); '-' for a job without a run."""
-    parts = j.get("parts")
-    if parts is None and j.get("node") and "," in j["node"]:  # a broker without "parts"
-        nodes = j["node"].split(",")
-        each = len(j["gpus"]) // len(nodes)
-        parts = [(n, j["gpus"][i * each:(i + 1) * each]) for i, n in enumerate(nodes)]
-    if parts and len(parts) > 1:
-        return " ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in parts)
-    return ",".join(map(str, j["gpus"])) or "-"
-
-
-def _fmt_job(j: dict, forecast: dict, ends: dict | None = None,
-             gpus_width: int = GPUS_WIDTH) -> str:
-    steps = f"{j['step']}/{j['steps']}" if j["steps"] else str(j["step"] or "-")
-    gpus = gpus_cell(j)
-    label = j["name"] or j["model"] or " ".join(j["command"])[:20]
-    rate = f"{j['rate']:.3g}" if j.get("rate") else "-"
-    eta = eta_text(j, forecast, ends)
-    return (f"{j['id']:>5} {label[:20]:<20} {(j['model'] or '-')[:14]:<14} {j['state']:<10} "
-            f"{(j['role'] or '-'):<9} {j['demand']:>4} {gpus:<{gpus_width}} {steps:>12} {rate:>8} "
-            f"{eta:>7} {j['suspensions']:>4}")
-
-
 def per_gpu_text(job: dict) -> object:
     """`marble show`'s per_gpu line: False, or its ranks (one process per GPU) and their
     shape: those of its run while it runs, else those it asks for."""
@@ -273,27 +235,6 @@ def per_gpu_text(job: dict) -> object:
         shape = shape_text(job["demand"], nodes, job.get("nodes_min"))
     count = f"{ranks} rank{'s' if ranks != 1 else ''}" if low == ranks else f"{low}-{ranks} ranks"
     return f"True: {count}, one process per GPU ({shape})"
-
-
-UNFINISHED = ("queued", "running", "suspending", "suspended")
-STATUS_LIMIT = 500  # jobs `marble status` lists by default: a page of GET /v1/jobs
-FAILED_SHOWN = 5  # failed jobs `marble status` names under its table (the rest: --all)
-
-
-def ended_text(counts: dict[str, int], failed: list[dict]) -> list[str]:
-    """The jobs that ended since the broker started, under `marble status`'s table: each
-    failed one (up to FAILED_SHOWN) with its reason, and a count of the rest, as squeue
-    users look for them (`sacct`, `hq job list --filter failed`)."""
-    lines = []
-    for j in failed:
-        label = f" ({j['name']})" if j["name"] else ""
-        lines.append(f"job {j['id']}{label} failed: {(j['reason'] or 'no reason')[:120]}")
-    ended = [f"{counts[s]} {s}" for s in ("failed", "cancelled", "done") if counts.get(s)]
-    if ended:
-        # Worded so that no line under the table starts with a number, as a job's row does
-        lines.append("ended since the broker started: " + ", ".join(ended)
-                     + " (marble status --all lists them, marble explain JOB says why)")
-    return lines
 
 
 @click.command()
@@ -314,58 +255,8 @@ def status(ctx, show_all, limit, as_json):
     profile until it has trained a second); a waiting job's ETA (~) and the queue's
     end come from the simulator, played from now on the jobs left (GET /v1/forecast).
     """
-    api = reader(ctx)  # a stopped broker's records when none answers
-    broker = call(api.get, "/v1/status")
-    query = [] if show_all else [f"state={s}" for s in UNFINISHED]
-    if limit:
-        query.append(f"limit={limit}")
-    page = call(api.get, "/v1/jobs" + ("?" + "&".join(query) if query else ""))
-    jobs = page["jobs"]
-    counted = broker["jobs"] if show_all else \
-        {s: n for s, n in broker["jobs"].items() if s in UNFINISHED}
-    more = max(sum(counted.values()) - len(jobs), 0) if page.get("next") is not None else 0
-    failed = [] if show_all or not broker["jobs"].get("failed") else \
-        call(api.get, f"/v1/jobs?state=failed&limit={FAILED_SHOWN}")["jobs"]
-    forecast = call(api.get, "/v1/forecast")
-
-    def text() -> None:
-        nodes = "; ".join(f"{n}: {len(v['free'])}/{gpus_text(len(v['gpus']))} free"
-                          if v["free"] is not None else f"{n}: {gpus_text(len(v['gpus']))}"
-                          for n, v in broker["nodes"].items())  # free: None, no broker
-        click.echo(f"marbled {broker['pid']} policy={broker['policy']} "
-                   f"profile={broker['profile']} {nodes}"
-                   + (" DRAINING" if broker["draining"] else ""))
-        if storage_text(broker.get("storage")):
-            click.echo(storage_text(broker["storage"]))
-        ends = {f["id"]: f["end_at"] for f in forecast["jobs"]}
-        width = max([GPUS_WIDTH, *(len(gpus_cell(j)) for j in jobs)])
-        lines = [header(width), *(_fmt_job(j, forecast, ends, width) for j in jobs)]
-        if more:
-            lines.append(f"... and {more} more ({', '.join(f'{n} {s}' for s, n in counted.items())}"
-                         " in all; --limit 0 lists every one)")
-        if not show_all:
-            lines += ended_text(broker["jobs"], failed)
-        lines += [f"job {j} cannot run in this allocation: {why}"  # a larger one queued it
-                  for j, why in broker.get("cannot_run", {}).items()]
-        click.echo("\n".join(lines))
-        if forecast_text(forecast):
-            click.echo(forecast_text(forecast))
-        if left_out_text(forecast):
-            click.echo(left_out_text(forecast))
-
-    ended = {s: n for s, n in broker["jobs"].items() if s not in UNFINISHED}
-    output(ctx, as_json, {"broker": broker, "jobs": jobs, "more": more, "forecast": forecast,
-                          "ended": ended, "failed": failed}, text)
-
-
-def storage_text(storage: dict | None) -> str:
-    """What `status` says while the broker's store refuses writes (lifecycle I4); "" while
-    it takes them."""
-    if not storage or storage.get("ok", True):
-        return ""
-    return (f"STORAGE: {storage.get('reason') or 'the state directory refuses writes'}; "
-            f"{storage.get('held', 0)} write(s) held in memory, written once it takes them "
-            "again. Running jobs go on; submissions are refused (503) meanwhile.")
+    doc = call(status_doc, reader(ctx), show_all, limit)  # a stopped broker's records
+    output(ctx, as_json, doc, lambda: click.echo("\n".join(status_lines(doc, show_all))))
 
 
 @click.command()

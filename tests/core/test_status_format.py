@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from marbled.cli.jobs import GPUS_WIDTH, _fmt_job, gpus_cell, header, per_gpu_text
+from marbled.cli.jobs import per_gpu_text
+from marbled.cli.status_view import GPUS_WIDTH, gpus_cell, header, job_row
 from marbled.core.target import shape_text
 
 
@@ -47,7 +48,7 @@ def test_a_wide_gpus_column_keeps_the_table_aligned():
     job = _job(parts=[["gpu-node-01", [0, 1, 2, 3]], ["gpu-node-02", [0, 1, 2, 3]]],
                node="gpu-node-01,gpu-node-02", gpus=[0, 1, 2, 3] * 2)
     width = max(GPUS_WIDTH, len(gpus_cell(job)))
-    head, row = header(width), _fmt_job(job, {"jobs": []}, {}, width)
+    head, row = header(width), job_row(job, {"jobs": []}, {}, width)
     assert "gpu-node-01:0,1,2,3 gpu-node-02:0,1,2,3" in row
     assert head.index("STEP") + len("STEP") == row.index("10/100") + len("10/100")
     assert header() == header(GPUS_WIDTH)

@@ -33,7 +33,7 @@ except SystemExit as exc:
 with open(sys.argv[1], "w") as out:
     json.dump({"code": code, "modules": sorted(sys.modules)}, out)
 """
-# as the `marble` console script runs: its quick path for submit first (quick_submit.py)
+# as the `marble` console script runs: its quick path for submit first (quick.py)
 SCRIPT = """
 import json, sys
 from marbled.cli.entry import marble
@@ -124,3 +124,31 @@ def test_the_quick_path_says_what_click_says(daemon, tmp_path):
         assert results[0] == results[1], args
         made = len(daemon.jobs()) - before
         assert made == (2 if results[0][0] == 0 else 0), (args, made)
+
+
+def test_quick_status_says_what_click_says(daemon, tmp_path):
+    """`marble status` through the script (its quick path) and click's command alone, on
+    the same jobs: the same text and JSON but for the times that move between two calls;
+    the quick path imports no click; with the broker stopped, the script's status reads
+    its records as click's command does."""
+    import re
+
+    daemon.submit({"command": ["sleep", "30"], "gpus": 1, "name": "long"},
+                  {"command": ["true"], "gpus": 1}, {"command": ["false"], "gpus": 1})
+    daemon.wait_for(lambda: sum(j["state"] in ("done", "failed") for j in daemon.jobs()) == 2,
+                    what="two jobs ended")
+
+    def said(text: str) -> str:  # durations and timestamps move between the two calls
+        return re.sub(r"~?\d+[smhd](\d+[smhd])?|\d+\.\d+", "T", text)
+
+    for args in (("status",), ("status", "--all"), ("--json", "status", "--limit", "1")):
+        quick_code, modules, quick = marble(daemon, tmp_path, *args, run=SCRIPT)
+        click_code, _, clicked = marble(daemon, tmp_path, *args, run=RUN)
+        assert (quick_code, said(quick)) == (click_code, said(clicked)), args
+        assert "click" not in modules, f"marble {' '.join(args)} imported click"
+    assert "long" in quick and "failed" in quick
+    daemon.stop()  # a stopped broker's records: the quick path leaves them to click's command
+    (quick_code, _, quick), (click_code, _, clicked) = (
+        marble(daemon, tmp_path, "status", "--all", run=run) for run in (SCRIPT, RUN))
+    assert (quick_code, said(quick)) == (click_code, said(clicked))
+    assert "no broker is running" in quick and "long" in quick, quick
