@@ -86,12 +86,17 @@ def call(fn: Callable, *args, place: Callable[[str | None], str | None] = lambda
 
     try:
         return fn(*args)
-    except BrokerUnreachable as exc:
-        raise click.ClickException(str(exc)) from None
-    except ApiError as exc:
-        where = place(exc.field)
-        raise click.ClickException(f"refused ({exc.status}): "
-                                   + (f"{where}: " if where else "") + str(exc)) from None
+    except (BrokerUnreachable, ApiError) as exc:
+        raise click.ClickException(error_text(exc, place)) from None
+
+
+def error_text(exc: BrokerUnreachable | ApiError,
+               place: Callable[[str | None], str | None] = lambda f: None) -> str:
+    """`call`'s one line for a broker that does not answer, or a refusal."""
+    if isinstance(exc, BrokerUnreachable):
+        return str(exc)
+    where = place(exc.field)
+    return f"refused ({exc.status}): " + (f"{where}: " if where else "") + str(exc)
 
 
 def job_id(api: BrokerClient, ref: str) -> int:

@@ -1,15 +1,17 @@
-"""`marble submit` and `marble status` without importing click: the everyday forms that
+"""`marble submit`, `status` and `logs` without importing click: the everyday forms that
 batch scripts and shell loops run thousands of times, where click's import alone is half of
 the call (40-57 of 80 ms on a 2-core machine; issue "a broker that is never the
 bottleneck").
 
 Only the common options are handled here (`COMMANDS`, and the group's `GLOBAL`), and only
 an outcome to print. Anything else goes to the click command (`jobs.submit`,
-`jobs.status`), which handles every form, prints the help, and says every error as it
-always did: an option or form not handled here, a value click would refuse or convert
-otherwise, an `--export` that needs saying why, a broker that does not answer (`status`
-then reads a stopped broker's records), and a refusal of a submission, which the click
-command sends again with the same Idempotency-Key, so that it can never make a second job.
+`jobs.status`, `logs.logs`), which handles every form, prints the help, and says every
+error as it always did: an option or form not handled here (`logs -f`), a value click
+would refuse or convert otherwise, an `--export` that needs saying why, a broker that does
+not answer (`status` and `logs` then read a stopped broker's records), a job name no job
+has, and a refusal of a submission, which the click command sends again with the same
+Idempotency-Key, so that it can never make a second job. Once `logs` has printed, an
+error is said here, as click's command says it.
 `tests/core/test_quick.py` checks that this parser reads every argument list as click
 does."""
 
@@ -20,6 +22,7 @@ import os
 import sys
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
+from marbled.cli.common import error_text
 from marbled.cli.status_view import STATUS_LIMIT, status_doc, status_lines
 
 FLAG, MULTIPLE = "flag", "multiple"  # kinds of option besides a value's type (int, str)
@@ -41,6 +44,12 @@ COMMANDS = {
                 "--json": ("as_json", FLAG)},
                {"show_all": False, "limit": STATUS_LIMIT, "as_json": False},
                {"limit": (0, None)}),
+    "logs": ({"--stderr": ("stderr", FLAG), "--run": ("run_id", int),
+              "--all-runs": ("all_runs", FLAG), "--rank": ("rank", int), "-n": ("lines", int),
+              "--tail": ("lines", int), "--json": ("as_json", FLAG)},
+             {"stderr": False, "run_id": None, "all_runs": False, "rank": None, "lines": None,
+              "as_json": False, "ref": None},
+             {"run_id": (1, None), "rank": (0, None), "lines": (1, None)}),
 }
 # `marble`'s own options (before the command's name)
 GLOBAL = {"--state-dir": ("state_dir", str), "--url": ("url", str), "--json": ("as_json", FLAG)}
@@ -58,7 +67,7 @@ def run(argv: list[str]) -> int:
     """Run `marble ARGV` as the click command would, print what it prints, and give its
     exit status; or NotHere (with SENT_KEY set if a submission was refused)."""
     name, top, params = parse(argv)
-    return (_submit if name == "submit" else _status)(top, params)
+    return {"submit": _submit, "status": _status, "logs": _logs}[name](top, params)
 
 
 def parse(argv: list[str]) -> tuple[str, dict, dict]:
@@ -73,8 +82,10 @@ def parse(argv: list[str]) -> tuple[str, dict, dict]:
     words = tuple(_options(rest[1:], table, params, stop_at_word=False))
     if "command" in params:
         params["command"] = words
-    elif words:
-        raise NotHere("an argument")  # click: "Got unexpected extra argument"
+    elif "ref" in params and len(words) == 1:
+        params["ref"] = words[0]
+    elif words or "ref" in params:
+        raise NotHere("arguments")  # click: "Got unexpected extra argument", or "Missing"
     for name, (low, high) in bounds.items():
         value = params[name]
         if value is not None and (value < low or high is not None and value > high):
@@ -168,6 +179,51 @@ def _status(top: dict, params: dict) -> int:
     return 0
 
 
+# ------------------------------------------------------------ marble logs
+
+
+def _logs(top: dict, params: dict) -> int:
+    """Read-only: a failure before anything is printed goes to the click command (a
+    stopped broker's records, a name no job has, a refusal said as it says it); after, it
+    is said here as click's command says it."""
+    from urllib.parse import quote
+
+    from marbled.cli.log_pages import Printer, quiet_pipe, show
+
+    p = params
+    if p["run_id"] is not None and p["all_runs"]:
+        raise NotHere("--run and --all-runs")
+    as_json = p["as_json"] or top["as_json"]
+    printer = None if as_json else Printer(headers=p["all_runs"])
+    api = _broker(top)
+    try:
+        ref = p["ref"]
+        if ref.isascii() and ref.isdigit():  # an id, else the last job so named
+            job = int(ref)
+        else:
+            named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
+            if not named:
+                raise NotHere("no such name")
+            job = named[-1]["id"]
+        doc = show(api, job, "stderr" if p["stderr"] else "stdout", p["run_id"],
+                   p["all_runs"], p["rank"], p["lines"], printer)
+    except (ApiError, BrokerUnreachable, OSError) as exc:
+        if printer is None or not printer.printed:
+            raise NotHere("logs") from None
+        if isinstance(exc, BrokenPipeError):
+            quiet_pipe()
+            return 0
+        if isinstance(exc, OSError):
+            raise
+        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        return _print_json(doc) if as_json else 0
+    except BrokenPipeError:
+        quiet_pipe()
+        return 0
+
+
 # ------------------------------------------------------------ marble submit
 
 
@@ -192,7 +248,7 @@ def _submit(top: dict, params: dict) -> int:
         SENT_KEY = key  # the click command sends it again and says the refusal as always
         raise NotHere("refused") from None
     except BrokerUnreachable as exc:  # as click says a ClickException (common.call)
-        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
         return 1
     if params["as_json"] or top["as_json"]:
         return _print_json(result)

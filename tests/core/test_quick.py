@@ -20,11 +20,15 @@ pytestmark = pytest.mark.core
 VALUES = ["1", "2", "0", "auto", "-1", " 3", "1_0", "0x1", "5.0", "", "=", "x", "--", "-",
           "--gpus", "--emulate", "-h", "1-2", "101", "100", "resnet-50", "a=b", "ALL",
           "NONE", "\u0663"]  # an Arabic-Indic three: int() takes it, as click does
-WORDS = ["python", "train.py", "-", "true", "submit", "status", "--", "--lr", "-x", "3"]
+WORDS = ["python", "train.py", "-", "true", "submit", "status", "logs", "--", "--lr", "-x",
+         "3", "job-a"]
 OTHERS = ["--file", "--chdir", "--wait", "--help", "-h", "--gpu", "--json=1", "--emulate=1",
-          "--all=1", "--steps=4", "--limit=2", "--after=a", "--model=", "--state-dir"]
+          "--all=1", "--steps=4", "--limit=2", "--after=a", "--model=", "--state-dir", "-f",
+          "--follow", "--interval", "-n3", "-n=3", "--tail=2", "--run=0", "--rank=1"]
 # the click command's parameters that the quick path leaves to it, at their defaults
-LEFT = {"submit": {"job_file": None, "chdir": None, "wait": False}, "status": {}}
+LEFT = {"submit": {"job_file": None, "chdir": None, "wait": False}, "status": {},
+        "logs": {"following": False, "interval": 0.5}}
+REQUIRED = {"submit": {"command": ("x",)}, "status": {}, "logs": {"ref": "x"}}  # as "x" gives
 
 
 def tokens(command: str):
@@ -105,6 +109,8 @@ def test_the_quick_path_reads_what_click_reads_or_leaves_it(argv):
      "python", "t.py"],
     ["--state-dir", "here", "submit", "--emulate", "--model", "resnet-50", "--new-model"],
     ["status"], ["status", "--all", "--limit", "0", "--json"], ["--json", "status", "--limit=3"],
+    ["logs", "5"], ["logs", "--stderr", "-n", "20", "job-a"], ["--json", "logs", "--run=2", "3"],
+    ["logs", "--all-runs", "--tail", "3", "--rank", "0", "--json", "4"],
 ])
 def test_the_everyday_forms_take_the_quick_path(argv):
     """Each option the quick path declares is read there, not left to click."""
@@ -128,8 +134,8 @@ def test_the_tables_follow_the_click_commands(name):
             low, high = bounds.get(param_name, (None, None))
             assert (getattr(param.type, "min", None), getattr(param.type, "max", None)) == \
                 (low, high)
-    assert by_click([name] + (["x"] if name == "submit" else []))[2] == \
-        {**defaults, **LEFT[name], **({"command": ("x",)} if name == "submit" else {})}
+    assert by_click([name] + (["x"] if REQUIRED[name] else []))[2] == \
+        {**defaults, **LEFT[name], **REQUIRED[name]}
     group = {o: p for p in main.params for o in p.opts}
     for option, (param_name, _) in GLOBAL.items():
         assert group[option].name == param_name

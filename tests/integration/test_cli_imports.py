@@ -152,3 +152,23 @@ def test_quick_status_says_what_click_says(daemon, tmp_path):
         marble(daemon, tmp_path, "status", "--all", run=run) for run in (SCRIPT, RUN))
     assert (quick_code, said(quick)) == (click_code, said(clicked))
     assert "no broker is running" in quick and "long" in quick, quick
+
+
+def test_quick_logs_says_what_click_says(daemon, tmp_path):
+    """`marble logs` through the script (its quick path) and click's command alone: the
+    same output and exit status for ids, names, streams, runs and JSON, and for a name or
+    id no job has (said by click's command); the quick path imports no click."""
+    daemon.submit({"command": ["sh", "-c", "seq 1 5; echo oops >&2"], "gpus": 1,
+                   "name": "counter"},
+                  {"command": ["sh", "-c", "exit 3"], "gpus": 1})
+    daemon.wait_for(lambda: all(j["state"] in ("done", "failed") for j in daemon.jobs()),
+                    what="both jobs ended")
+    for args in (("logs", "1"), ("logs", "counter"), ("logs", "--stderr", "1"),
+                 ("logs", "-n", "2", "--all-runs", "1"), ("--json", "logs", "1"),
+                 ("logs", "2"), ("logs", "nobody"), ("logs", "99")):
+        quick_code, modules, quick = marble(daemon, tmp_path, *args, run=SCRIPT)
+        click_code, _, clicked = marble(daemon, tmp_path, *args, run=RUN)
+        assert (quick_code, quick) == (click_code, clicked), args
+        if quick_code == 0:
+            assert "click" not in modules, f"marble {' '.join(args)} imported click"
+    assert marble(daemon, tmp_path, "logs", "counter", run=SCRIPT)[2] == "1\n2\n3\n4\n5\n"
