@@ -50,10 +50,10 @@ def marble() -> None:
 
 
 def quick() -> None:
-    """`marble submit`'s, `status`'s and `logs`' everyday forms without click (quick.py):
-    exits when done; returns otherwise, for click's command, which handles every form and
-    says every error."""
-    if {"submit", "status", "logs"} & set(sys.argv[1:]):
+    """`marble submit`'s, `status`'s, `logs`' and `cancel`'s everyday forms without click
+    (quick.py): exits when done; returns otherwise, for click's command, which handles every
+    form and says every error."""
+    if {"submit", "status", "logs", "cancel"} & set(sys.argv[1:]):
         with without_collections():  # its imports too (a process that makes no cycles)
             from marbled.cli.quick import NotHere, run
 

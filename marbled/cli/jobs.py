@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from marbled.cli import quick
+from marbled.cli.asks import ask, ask_lines
 from marbled.cli.client import ApiError
 from marbled.cli.common import (
     call,
@@ -324,54 +325,14 @@ def _ask(ctx, as_json: bool, refs: list[str], what: str, ids: list[int] | None =
     """POST /v1/jobs/ID/`what` for each job (an id or a name; or each of `ids`): every one
     it can; each one refused (or a name no job has) is reported with the broker's reason,
     and the command then exits 1."""
-    from urllib.parse import quote
-
-    from marbled.cli.client import ApiError, BrokerUnreachable
-
-    api = client(ctx)
-    results = []
-    for ref in ([str(i) for i in ids] if ids is not None else refs):
-        result: dict = {"job": ref, "id": None, "ok": False}
-        try:
-            if ref.isascii() and ref.isdigit():
-                result["id"] = int(ref)
-            else:
-                named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
-                if not named:
-                    raise ApiError(404, f"no job is named '{ref}' (give a job id or name; "
-                                        "'marble status --all' lists them)", "name")
-                result["id"] = named[-1]["id"]  # the last job so named, as --after reads it
-            api.post(f"/v1/jobs/{result['id']}/{what}")
-            result["ok"] = True
-        except ApiError as exc:
-            result.update(status=exc.status, error=str(exc))
-        except BrokerUnreachable as exc:
-            raise click.ClickException(str(exc)) from None
-        results.append(result)
-    failed = [r for r in results if not r["ok"]]
-    done = len(results) - len(failed)
+    doc = call(ask, client(ctx), [str(i) for i in ids] if ids is not None else refs, what)
 
     def text() -> None:
-        if not summary_only:
-            for r in results:
-                if r["ok"]:
-                    click.echo(f"{what} requested for job {r['id']}")
-        for r in failed:
-            # the broker's reason names the job by its id; a name is said first
-            label = "" if r["job"] == str(r["id"]) else f"{r['job']}: "
-            click.echo(f"marble {what}: {label}{r['error']}", err=True)
-        if summary_only or failed:
-            line = f"{what} requested for {done} job{'' if done == 1 else 's'}"
-            if failed:
-                line += (f"; {len(failed)} could not be: "
-                         + "; ".join(r["error"] for r in failed[:3])
-                         + ("; ..." if len(failed) > 3 else ""))
-            click.echo(line, err=bool(failed))
+        for line, to_stderr in ask_lines(doc, what, summary_only):
+            click.echo(line, err=to_stderr)
 
-    output(ctx, as_json, {"requested": [{"id": r["id"], what: "requested"} for r in results
-                                        if r["ok"]],
-                          "results": results, "failed": len(failed)}, text)
-    if failed:
+    output(ctx, as_json, doc, text)
+    if doc["failed"]:
         ctx.exit(1)
 
 

@@ -1,19 +1,19 @@
-"""`marble submit`, `status` and `logs` without importing click: the everyday forms that
-batch scripts and shell loops run thousands of times, where click's import alone is half of
-the call (40-57 of 80 ms on a 2-core machine; issue "a broker that is never the
+"""`marble submit`, `status`, `logs` and `cancel` without importing click: the everyday
+forms that batch scripts and shell loops run thousands of times, where click's import alone
+is half of the call (40-57 of 80 ms on a 2-core machine; issue "a broker that is never the
 bottleneck").
 
 Only the common options are handled here (`COMMANDS`, and the group's `GLOBAL`), and only
-an outcome to print. Anything else goes to the click command (`jobs.submit`,
-`jobs.status`, `logs.logs`), which handles every form, prints the help, and says every
-error as it always did: an option or form not handled here (`logs -f`), a value click
-would refuse or convert otherwise, an `--export` that needs saying why, a broker that does
-not answer (`status` and `logs` then read a stopped broker's records), a job name no job
-has, and a refusal of a submission, which the click command sends again with the same
-Idempotency-Key, so that it can never make a second job. Once `logs` has printed, an
-error is said here, as click's command says it.
-`tests/core/test_quick.py` checks that this parser reads every argument list as click
-does."""
+an outcome to print. Anything else goes to the click command (`jobs.submit`, `jobs.status`,
+`logs.logs`, `jobs.cancel`), which handles every form, prints the help, and says every
+error as it always did: an option or form not handled here (`logs -f`, `cancel --all`), a
+value click would refuse or convert otherwise, an `--export` that needs saying why, a
+broker that does not answer (`status` and `logs` then read a stopped broker's records), a
+job name no job has, and a refusal of a submission, which the click command sends again
+with the same Idempotency-Key, so that it can never make a second job. Once `logs` has
+printed, an error is said here, as click's command says it; so is `cancel`'s, whose
+refusals are its output. `tests/core/test_quick.py` checks that this parser reads every
+argument list as click does."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ from marbled.cli.status_view import STATUS_LIMIT, status_doc, status_lines
 FLAG, MULTIPLE = "flag", "multiple"  # kinds of option besides a value's type (int, str)
 
 # Each command's options handled here: option -> (its parameter, its kind); the parameters'
-# defaults; the bounds of its whole numbers (click.IntRange's, None: unbounded)
+# defaults; the bounds of its whole numbers (click.IntRange's, None: unbounded); the
+# parameter its words (arguments) go to, with their fewest and most (None: no limit; a
+# parameter of at most one word takes the word itself)
 COMMANDS = {
     "submit": ({"--model": ("model", str), "--steps": ("steps", int), "--gpus": ("gpus", str),
                 "--nodes": ("nodes", str), "--per-gpu": ("per_gpu", FLAG),
@@ -39,17 +41,19 @@ COMMANDS = {
                {"model": None, "steps": None, "gpus": "auto", "nodes": None, "per_gpu": False,
                 "retries": None, "after": (), "name": None, "emulate": False,
                 "new_model": False, "export": "ALL", "as_json": False, "command": ()},
-               {"retries": (0, 100)}),
+               {"retries": (0, 100)}, ("command", 0, None)),
     "status": ({"--all": ("show_all", FLAG), "--limit": ("limit", int),
                 "--json": ("as_json", FLAG)},
                {"show_all": False, "limit": STATUS_LIMIT, "as_json": False},
-               {"limit": (0, None)}),
+               {"limit": (0, None)}, (None, 0, 0)),
     "logs": ({"--stderr": ("stderr", FLAG), "--run": ("run_id", int),
               "--all-runs": ("all_runs", FLAG), "--rank": ("rank", int), "-n": ("lines", int),
               "--tail": ("lines", int), "--json": ("as_json", FLAG)},
              {"stderr": False, "run_id": None, "all_runs": False, "rank": None, "lines": None,
               "as_json": False, "ref": None},
-             {"run_id": (1, None), "rank": (0, None), "lines": (1, None)}),
+             {"run_id": (1, None), "rank": (0, None), "lines": (1, None)}, ("ref", 1, 1)),
+    "cancel": ({"--json": ("as_json", FLAG)}, {"as_json": False, "jobs": ()}, {},
+               ("jobs", 1, None)),
 }
 # `marble`'s own options (before the command's name)
 GLOBAL = {"--state-dir": ("state_dir", str), "--url": ("url", str), "--json": ("as_json", FLAG)}
@@ -67,7 +71,8 @@ def run(argv: list[str]) -> int:
     """Run `marble ARGV` as the click command would, print what it prints, and give its
     exit status; or NotHere (with SENT_KEY set if a submission was refused)."""
     name, top, params = parse(argv)
-    return {"submit": _submit, "status": _status, "logs": _logs}[name](top, params)
+    return {"submit": _submit, "status": _status, "logs": _logs, "cancel": _cancel}[name](
+        top, params)
 
 
 def parse(argv: list[str]) -> tuple[str, dict, dict]:
@@ -77,15 +82,13 @@ def parse(argv: list[str]) -> tuple[str, dict, dict]:
     rest = _options(argv, GLOBAL, top, stop_at_word=True)
     if not rest or rest[0] not in COMMANDS:
         raise NotHere("another command")
-    table, defaults, bounds = COMMANDS[rest[0]]
+    table, defaults, bounds, (argument, fewest, most) = COMMANDS[rest[0]]
     params = dict(defaults)
     words = tuple(_options(rest[1:], table, params, stop_at_word=False))
-    if "command" in params:
-        params["command"] = words
-    elif "ref" in params and len(words) == 1:
-        params["ref"] = words[0]
-    elif words or "ref" in params:
+    if len(words) < fewest or most is not None and len(words) > most:
         raise NotHere("arguments")  # click: "Got unexpected extra argument", or "Missing"
+    if argument:
+        params[argument] = words[0] if most == 1 else words
     for name, (low, high) in bounds.items():
         value = params[name]
         if value is not None and (value < low or high is not None and value > high):
@@ -177,6 +180,27 @@ def _status(top: dict, params: dict) -> int:
         return _print_json(doc)
     print("\n".join(status_lines(doc, params["show_all"])), flush=True)
     return 0
+
+
+# ------------------------------------------------------------ marble cancel
+
+
+def _cancel(top: dict, params: dict) -> int:
+    """Each job asked in turn (asks.py): what each refusal says is printed as click's
+    command prints it; a broker that stops answering is said as click says it."""
+    from marbled.cli.asks import ask, ask_lines
+
+    try:
+        doc = ask(_broker(top), list(params["jobs"]), "cancel")
+    except BrokerUnreachable as exc:
+        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
+        return 1
+    if params["as_json"] or top["as_json"]:
+        _print_json(doc)
+    else:
+        for line, to_stderr in ask_lines(doc, "cancel", summary_only=False):
+            print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+    return 1 if doc["failed"] else 0
 
 
 # ------------------------------------------------------------ marble logs

@@ -20,15 +20,17 @@ pytestmark = pytest.mark.core
 VALUES = ["1", "2", "0", "auto", "-1", " 3", "1_0", "0x1", "5.0", "", "=", "x", "--", "-",
           "--gpus", "--emulate", "-h", "1-2", "101", "100", "resnet-50", "a=b", "ALL",
           "NONE", "\u0663"]  # an Arabic-Indic three: int() takes it, as click does
-WORDS = ["python", "train.py", "-", "true", "submit", "status", "logs", "--", "--lr", "-x",
-         "3", "job-a"]
+WORDS = ["python", "train.py", "-", "true", "submit", "status", "logs", "cancel", "--", "--lr",
+         "-x", "3", "job-a"]
 OTHERS = ["--file", "--chdir", "--wait", "--help", "-h", "--gpu", "--json=1", "--emulate=1",
           "--all=1", "--steps=4", "--limit=2", "--after=a", "--model=", "--state-dir", "-f",
-          "--follow", "--interval", "-n3", "-n=3", "--tail=2", "--run=0", "--rank=1"]
+          "--follow", "--interval", "-n3", "-n=3", "--tail=2", "--run=0", "--rank=1", "--state",
+          "--state=queued"]
 # the click command's parameters that the quick path leaves to it, at their defaults
 LEFT = {"submit": {"job_file": None, "chdir": None, "wait": False}, "status": {},
-        "logs": {"following": False, "interval": 0.5}}
-REQUIRED = {"submit": {"command": ("x",)}, "status": {}, "logs": {"ref": "x"}}  # as "x" gives
+        "logs": {"following": False, "interval": 0.5}, "cancel": {"every": False, "states": ()}}
+REQUIRED = {"submit": {"command": ("x",)}, "status": {}, "logs": {"ref": "x"},  # as "x" gives
+            "cancel": {"jobs": ("x",)}}
 
 
 def tokens(command: str):
@@ -111,6 +113,7 @@ def test_the_quick_path_reads_what_click_reads_or_leaves_it(argv):
     ["status"], ["status", "--all", "--limit", "0", "--json"], ["--json", "status", "--limit=3"],
     ["logs", "5"], ["logs", "--stderr", "-n", "20", "job-a"], ["--json", "logs", "--run=2", "3"],
     ["logs", "--all-runs", "--tail", "3", "--rank", "0", "--json", "4"],
+    ["cancel", "3"], ["cancel", "--json", "3", "job-a", "7"],
 ])
 def test_the_everyday_forms_take_the_quick_path(argv):
     """Each option the quick path declares is read there, not left to click."""
@@ -123,7 +126,7 @@ def test_the_everyday_forms_take_the_quick_path(argv):
 def test_the_tables_follow_the_click_commands(name):
     """Every option the quick path reads is the click command's, with its parameter, kind,
     default and bounds: an option changed in one and not the other fails here."""
-    table, defaults, bounds = COMMANDS[name]
+    table, defaults, bounds, _ = COMMANDS[name]
     options = {o: p for p in main.get_command(None, name).params for o in p.opts}
     for option, (param_name, kind) in table.items():
         param = options[option]

@@ -55,7 +55,8 @@ def marble(daemon, tmp_path, *args: str, run: str = RUN) -> tuple[int, list[str]
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and record.exists(), done.stderr
     doc = json.loads(record.read_text())
-    return doc["code"], doc["modules"], done.stdout + done.stderr
+    said = done.stdout + (f"[stderr]\n{done.stderr}" if done.stderr else "")  # which is which
+    return doc["code"], doc["modules"], said
 
 
 def heavy(modules: list[str]) -> list[str]:
@@ -172,3 +173,24 @@ def test_quick_logs_says_what_click_says(daemon, tmp_path):
         if quick_code == 0:
             assert "click" not in modules, f"marble {' '.join(args)} imported click"
     assert marble(daemon, tmp_path, "logs", "counter", run=SCRIPT)[2] == "1\n2\n3\n4\n5\n"
+
+
+def test_quick_cancel_says_what_click_says(daemon, tmp_path):
+    """`marble cancel` through the script (its quick path) and click's command alone, on
+    jobs in the same states: the same output and exit status, ids and names, refusals
+    (a name no job has, an id no job has) among them; the quick path imports no click."""
+    holder = {"command": ["sleep", "60"], "gpus": 6}
+    daemon.submit(holder, *({"command": ["true"], "gpus": 1, "name": f"n{i}"}
+                            for i in range(2, 6)))  # ids 2-5, named n2-n5, stay queued
+    said = []
+    for path, (by_id, by_name) in ((SCRIPT, (2, 3)), (RUN, (4, 5))):
+        code, modules, text = marble(daemon, tmp_path, "cancel", str(by_id), f"n{by_name}",
+                                     "nobody", "99", run=path)
+        said.append((code, text.replace(f"job {by_id}", "job A").replace(f"job {by_name}",
+                                                                          "job B")))
+        if path is SCRIPT:
+            assert "click" not in modules
+    assert said[0] == said[1] and said[0][0] == 1, said
+    assert "cancel requested for job B" in said[0][1] and "no job is named 'nobody'" in said[0][1]
+    states = {j["id"]: j["state"] for j in daemon.jobs()}
+    assert [states[i] for i in (2, 3, 4, 5)] == ["cancelled"] * 4, states
