@@ -79,6 +79,18 @@ def _response(sock: socket.socket) -> tuple[int, str, bytes]:
     return status, reason, body
 
 
+def _answer(sock: socket.socket) -> dict:
+    """The JSON document of the response on `sock`; ApiError for a refusal."""
+    status, reason, raw = _response(sock)
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        doc = {"error": raw.decode(errors="replace")}
+    if status >= 400:
+        raise ApiError(status, doc.get("error", reason), doc.get("field"))
+    return doc
+
+
 def _content_length(head: bytes) -> int | None:
     """The Content-Length of a response's head; None if it has none, or is chunked."""
     length = None
@@ -138,6 +150,28 @@ class BrokerClient:
     def request(self, method: str, path: str, body: object | None = None,
                 extra: dict[str, str] | None = None) -> dict:
         """`extra`: more headers to send."""
+        sock = self._send(method, path, body, extra)
+        try:
+            return _answer(sock)
+        finally:
+            sock.close()
+
+    def get_many(self, paths: list[str]) -> list[dict]:
+        """GET each of `paths` at once, each on a connection of its own: the broker answers
+        them in the same rounds of its loop, so a busy broker's wait is paid once, not once
+        a request. The first refusal, in the order of `paths`, is raised."""
+        socks: list[socket.socket] = []
+        try:
+            for path in paths:
+                socks.append(self._send("GET", path))
+            return [_answer(sock) for sock in socks]
+        finally:
+            for sock in socks:
+                sock.close()
+
+    def _send(self, method: str, path: str, body: object | None = None,
+              extra: dict[str, str] | None = None) -> socket.socket:
+        """A connection with the request sent on it, for `_answer`."""
         headers = f"Authorization: Bearer {self.token}\r\n" if self.token else ""
         headers += "".join(f"{name}: {value}\r\n" for name, value in (extra or {}).items())
         data = b""
@@ -157,16 +191,10 @@ class BrokerClient:
             ) from None
         try:
             sock.sendall(message)
-            status, reason, raw = _response(sock)
-        finally:
+        except BaseException:
             sock.close()
-        try:
-            doc = json.loads(raw) if raw else {}
-        except ValueError:
-            doc = {"error": raw.decode(errors="replace")}
-        if status >= 400:
-            raise ApiError(status, doc.get("error", reason), doc.get("field"))
-        return doc
+            raise
+        return sock
 
     def submit(self, body: object, retries: int = SUBMIT_RETRIES,
                on_retry: Callable[[str], None] = lambda message: None,

@@ -16,18 +16,18 @@ GPUS_WIDTH = 12  # the GPUS column's, unless a multi-node run's node names need 
 def status_doc(api, show_all: bool, limit: int) -> dict:
     """What `marble status` shows (its --json): the broker, a page of jobs (unfinished, or
     with `show_all` every one; `limit` 0: all), how many more, the failed ones named under
-    the table, and the forecast. `api`: a client or a Reader (`get`)."""
-    broker = api.get("/v1/status")
+    the table, and the forecast. `api`: a client or a Reader (`get_many`: the three asked
+    at once)."""
     query = [] if show_all else [f"state={s}" for s in UNFINISHED]
     if limit:
         query.append(f"limit={limit}")
-    page = api.get("/v1/jobs" + ("?" + "&".join(query) if query else ""))
+    broker, page, forecast = api.get_many(
+        ["/v1/status", "/v1/jobs" + ("?" + "&".join(query) if query else ""), "/v1/forecast"])
     jobs = page["jobs"]
     counted = _counted(broker, show_all)
     more = max(sum(counted.values()) - len(jobs), 0) if page.get("next") is not None else 0
     failed = [] if show_all or not broker["jobs"].get("failed") else \
         api.get(f"/v1/jobs?state=failed&limit={FAILED_SHOWN}")["jobs"]
-    forecast = api.get("/v1/forecast")
     ended = {s: n for s, n in broker["jobs"].items() if s not in UNFINISHED}
     return {"broker": broker, "jobs": jobs, "more": more, "forecast": forecast,
             "ended": ended, "failed": failed}

@@ -131,3 +131,21 @@ def test_trace_of_a_real_broker_replays_in_the_simulator(daemon, tmp_path):
 
     assert {r["policy"] for r in results} == set(POLICIES)
     assert all(r["jobs"] == 2 for r in results)
+
+
+def test_requests_asked_at_once_answer_as_one_by_one(daemon):
+    """`BrokerClient.get_many` (what `marble status` asks, at once): each answer as a
+    request of its own gives it, in the order asked; a refusal among them is raised, the
+    first in that order; with no broker, BrokerUnreachable."""
+    from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
+
+    daemon.submit({"command": ["sleep", "30"], "gpus": 1, "name": "one"})
+    paths = ["/v1/jobs?name=one", "/v1/jobs/1", "/v1/jobs?state=running&limit=1"]
+    together = daemon.client.get_many(paths)
+    assert [doc["jobs"][0]["id"] if "jobs" in doc else doc["id"] for doc in together] == [1] * 3
+    assert together[0] == daemon.client.get(paths[0])
+    with pytest.raises(ApiError) as refused:
+        daemon.client.get_many(["/v1/status", "/v1/jobs/99", "/v1/jobs?state=nonsense"])
+    assert refused.value.status == 404
+    with pytest.raises(BrokerUnreachable):
+        BrokerClient(daemon.state_dir / "nowhere.sock").get_many(["/v1/status"])
