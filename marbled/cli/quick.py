@@ -112,7 +112,8 @@ def _options(args: list[str], table: dict, params: dict, stop_at_word: bool) -> 
             if stop_at_word:
                 return words + args[i:]
             continue
-        name, eq, value = arg.partition("=")
+        # `--opt=value`; a short option's `=` is its value's, as click reads `-n=3`
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if name not in table:
             raise NotHere(arg)  # -h, --help, an option not handled here, or an unknown one
         param, kind = table[name]
@@ -147,9 +148,10 @@ def _broker(top: dict) -> BrokerClient:
 
     from marbled.paths import TOKEN_NAME, default_state_dir, socket_path
 
-    state_dir = top["state_dir"] or os.environ.get("MARBLE_STATE_DIR") or None
-    state_dir = (Path(state_dir) if state_dir else default_state_dir()).absolute()
-    url = top["url"] or os.environ.get("MARBLE_URL") or None
+    # as click reads them: an option given (even empty) wins, an empty variable is unset
+    state_dir, url = (top[k] if top[k] is not None else os.environ.get(var) or None
+                      for k, var in (("state_dir", "MARBLE_STATE_DIR"), ("url", "MARBLE_URL")))
+    state_dir = (Path(state_dir) if state_dir is not None else default_state_dir()).absolute()
     if not url:
         return BrokerClient(socket_path(state_dir))
     token = os.environ.get("MARBLE_TOKEN")

@@ -45,7 +45,8 @@ def tokens(command: str):
 
 
 top = st.lists(st.sampled_from([["--json"], ["--state-dir", "s"], ["--url", "http://h:1"],
-                                ["--state-dir=t"], ["--help"]]), max_size=2)
+                                ["--state-dir=t"], ["--help"], ["--state-dir", ""],
+                                ["--url="]]), max_size=2)
 argvs = st.sampled_from(sorted(COMMANDS)).flatmap(
     lambda name: st.tuples(top, st.just(name), st.lists(tokens(name), max_size=6))).map(
     lambda t: [x for ts in t[0] for x in ts] + [t[1]] + [x for ts in t[2] for x in ts])
@@ -97,7 +98,8 @@ def test_the_quick_path_reads_what_click_reads_or_leaves_it(argv):
     assert clicks is not None, f"click refuses {argv}, the quick path took it as {quick}"
     (q_name, q_top, q_params), (c_name, c_top, c_params) = quick, clicks
     assert q_name == c_name, argv
-    assert {**q_top, "state_dir": q_top["state_dir"] and Path(q_top["state_dir"])} == c_top, argv
+    given = q_top["state_dir"]
+    assert {**q_top, "state_dir": None if given is None else Path(given)} == c_top, argv
     assert q_params == {k: c_params[k] for k in q_params}, argv
     assert {k: c_params[k] for k in c_params.keys() - q_params.keys()} == LEFT[q_name], argv
 
@@ -142,3 +144,26 @@ def test_the_tables_follow_the_click_commands(name):
     group = {o: p for p in main.params for o in p.opts}
     for option, (param_name, _) in GLOBAL.items():
         assert group[option].name == param_name
+
+
+@pytest.mark.parametrize("state_dir", [None, "", "here"])
+@pytest.mark.parametrize("url", [None, "", "http://h:7"])
+@pytest.mark.parametrize("environ", [{}, {"MARBLE_STATE_DIR": "", "MARBLE_URL": ""},
+                                     {"MARBLE_STATE_DIR": "env", "MARBLE_URL": "http://e:8"}])
+def test_the_broker_is_found_where_click_finds_it(monkeypatch, state_dir, url, environ):
+    """The options and MARBLE_STATE_DIR / MARBLE_URL, given, empty or absent: the quick
+    path talks to the broker that click's command talks to (common.client)."""
+    from marbled.cli.common import client
+    from marbled.cli.quick import _broker
+
+    monkeypatch.setenv("MARBLE_TOKEN", "t")
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    argv = [*(["--state-dir", state_dir] if state_dir is not None else []),
+            *(["--url", url] if url is not None else []), "status"]
+    with main.make_context("marble", list(argv)) as ctx:
+        ctx.invoke(main.callback, **ctx.params)
+        clicks = client(ctx)
+    quick = _broker(parse(argv)[1])
+    assert (quick.where, quick.token if quick.url else None) == \
+        (clicks.where, clicks.token if clicks.url else None)
