@@ -4,9 +4,8 @@ print, without click (the commands are `jobs.cancel` and `jobs.suspend`; `quick.
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from marbled.cli.client import ApiError, BrokerClient
+from marbled.cli.common import named_id, no_such_name
 
 
 def ask(api: BrokerClient, refs: list[str], what: str) -> dict:
@@ -17,14 +16,9 @@ def ask(api: BrokerClient, refs: list[str], what: str) -> dict:
     for ref in refs:
         result: dict = {"job": ref, "id": None, "ok": False}
         try:
-            if ref.isascii() and ref.isdigit():
-                result["id"] = int(ref)
-            else:
-                named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
-                if not named:
-                    raise ApiError(404, f"no job is named '{ref}' (give a job id or name; "
-                                        "'marble status --all' lists them)", "name")
-                result["id"] = named[-1]["id"]
+            result["id"] = named_id(api, ref)
+            if result["id"] is None:
+                raise ApiError(404, no_such_name(ref), "name")
             api.post(f"/v1/jobs/{result['id']}/{what}")
             result["ok"] = True
         except ApiError as exc:

@@ -53,18 +53,18 @@ def _response(sock: socket.socket) -> tuple[int, str, bytes]:
     length is done once it has come, without waiting for the broker to close the
     connection, which it does a round of its loop later (after the decision that a
     submission wakes: 2.5 ms of a `marble submit`)."""
-    raw, head, length = b"", None, None
+    raw, head, length = bytearray(), None, None  # appended in place: linear in its size
     while True:
         if head is None and b"\r\n\r\n" in raw:
             head, _, _ = raw.partition(b"\r\n\r\n")
-            length = _content_length(head)
+            length = _content_length(bytes(head))
         if length is not None and len(raw) - len(head) - 4 >= length:
             break
         chunk = sock.recv(65536)
         if not chunk:
             break
         raw += chunk
-    head, sep, body = raw.partition(b"\r\n\r\n")
+    head, sep, body = bytes(raw).partition(b"\r\n\r\n")
     if not sep:
         raise ConnectionError("the broker closed the connection before answering")
     lines = head.decode("latin-1").split("\r\n")

@@ -15,6 +15,7 @@ from marbled.paths import TOKEN_NAME, socket_path
 TYPE_CHECKING = False  # typing's, without importing typing
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     import click
 
@@ -24,19 +25,32 @@ FINAL = {"done", "failed", "cancelled"}
 def client(ctx: click.Context) -> BrokerClient:
     """The broker of the state directory (its socket), or the one at --url (with its token)."""
     root = ctx.find_root().obj
-    if root["url"]:
-        token = os.environ.get("MARBLE_TOKEN")
-        if token is None:
-            try:
-                token = (root["state_dir"] / TOKEN_NAME).read_text().strip()
-            except OSError:
-                import click
+    try:
+        return broker_at(root["state_dir"], root["url"])
+    except NoToken as exc:
+        import click
 
-                raise click.ClickException(
-                    "--url needs the broker's token: set MARBLE_TOKEN, or point --state-dir "
-                    f"at its state directory (it reads {TOKEN_NAME} there)") from None
-        return BrokerClient(url=root["url"], token=token)
-    return BrokerClient(socket_path(root["state_dir"]))
+        raise click.ClickException(str(exc)) from None
+
+
+class NoToken(RuntimeError):
+    pass
+
+
+def broker_at(state_dir: Path, url: str | None) -> BrokerClient:
+    """The broker of `state_dir` (its socket), or the one at `url` with its token (from
+    MARBLE_TOKEN, else the state directory's); NoToken if there is none."""
+    if not url:
+        return BrokerClient(socket_path(state_dir))
+    token = os.environ.get("MARBLE_TOKEN")
+    if token is None:
+        try:
+            token = (state_dir / TOKEN_NAME).read_text().strip()
+        except OSError:
+            raise NoToken("--url needs the broker's token: set MARBLE_TOKEN, or point "
+                          f"--state-dir at its state directory (it reads {TOKEN_NAME} "
+                          "there)") from None
+    return BrokerClient(url=url, token=token)
 
 
 class Reader:
@@ -115,17 +129,26 @@ def error_text(exc: BrokerUnreachable | ApiError,
 def job_id(api: BrokerClient, ref: str) -> int:
     """The id of the job `ref` names: a job id, or a job name (the last job so named, as
     --after reads it); a name no job has is an error that says so."""
+    found = call(named_id, api, ref)
+    if found is None:
+        import click
+
+        raise click.ClickException(no_such_name(ref))
+    return found
+
+
+def named_id(api: BrokerClient, ref: str) -> int | None:
+    """`job_id` without click: the id `ref` gives or names; None for a name no job has."""
     if ref.isascii() and ref.isdigit():
         return int(ref)
     from urllib.parse import quote
 
-    named = call(api.get, f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
-    if not named:
-        import click
+    named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
+    return named[-1]["id"] if named else None
 
-        raise click.ClickException(f"no job is named '{ref}' (give a job id or name; "
-                                   "'marble status --all' lists them)")
-    return named[-1]["id"]
+
+def no_such_name(ref: str) -> str:
+    return f"no job is named '{ref}' (give a job id or name; 'marble status --all' lists them)"
 
 
 def json_option(command: Callable) -> Callable:

@@ -51,11 +51,10 @@ def marble() -> None:
 
 def quick() -> None:
     """`marble submit`'s, `status`'s, `logs`' and `cancel`'s everyday forms without click
-    (quick.py): exits when done; returns otherwise, for click's command, which handles every
-    form and says every error."""
-    if {"submit", "status", "logs", "cancel"} & set(sys.argv[1:]):
-        with without_collections():  # its imports too (a process that makes no cycles)
-            from marbled.cli.quick import NotHere, run
+    (quick.py): exits when done; returns otherwise (another command, or a form or outcome
+    for click's command, which handles every form and says every error)."""
+    with without_collections():  # its imports too (a process that makes no cycles)
+        from marbled.cli.quick import NotHere, run
 
-            with suppress(NotHere):
-                sys.exit(run(sys.argv[1:]))
+        with suppress(NotHere):
+            sys.exit(run(sys.argv[1:]))

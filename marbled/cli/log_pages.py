@@ -109,7 +109,7 @@ def follow(api: BrokerClient, job: int, stream: str, run: int | None,
 
 
 def show(api: BrokerClient, job: int, stream: str, run_id: int | None, all_runs: bool,
-         rank: int | None, lines: int | None, printer: Printer) -> dict | None:
+         rank: int | None, lines: int | None, printer: Printer | None) -> dict | None:
     """Print the job's output as it is now: its latest run's (or run `run_id`'s, or with
     `all_runs` every run's, each under its header), `lines` the last lines of each; or, for
     `printer` None, give it as `marble logs --json` prints it."""

@@ -22,7 +22,7 @@ import os
 import sys
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
-from marbled.cli.common import error_text
+from marbled.cli.common import NoToken, broker_at, error_text, named_id
 from marbled.cli.status_view import STATUS_LIMIT, status_doc, status_lines
 
 FLAG, MULTIPLE = "flag", "multiple"  # kinds of option besides a value's type (int, str)
@@ -144,23 +144,19 @@ def _typed(value: str, kind) -> object:
 
 
 def _broker(top: dict) -> BrokerClient:
+    """common.client's broker, from `marble`'s options read as click reads them with their
+    variables: an option given (even empty) wins, an empty variable is unset."""
     from pathlib import Path
 
-    from marbled.paths import TOKEN_NAME, default_state_dir, socket_path
+    from marbled.paths import default_state_dir
 
-    # as click reads them: an option given (even empty) wins, an empty variable is unset
     state_dir, url = (top[k] if top[k] is not None else os.environ.get(var) or None
                       for k, var in (("state_dir", "MARBLE_STATE_DIR"), ("url", "MARBLE_URL")))
-    state_dir = (Path(state_dir) if state_dir is not None else default_state_dir()).absolute()
-    if not url:
-        return BrokerClient(socket_path(state_dir))
-    token = os.environ.get("MARBLE_TOKEN")
-    if token is None:
-        try:
-            token = (state_dir / TOKEN_NAME).read_text().strip()
-        except OSError:
-            raise NotHere("no token") from None  # click's command says what to do
-    return BrokerClient(url=url, token=token)
+    try:
+        return broker_at((Path(state_dir) if state_dir is not None
+                          else default_state_dir()).absolute(), url)
+    except NoToken:
+        raise NotHere("no token") from None  # click's command says what to do
 
 
 def _print_json(doc: object) -> int:
@@ -212,8 +208,6 @@ def _logs(top: dict, params: dict) -> int:
     """Read-only: a failure before anything is printed goes to the click command (a
     stopped broker's records, a name no job has, a refusal said as it says it); after, it
     is said here as click's command says it."""
-    from urllib.parse import quote
-
     from marbled.cli.log_pages import Printer, quiet_pipe, show
 
     p = params
@@ -223,31 +217,22 @@ def _logs(top: dict, params: dict) -> int:
     printer = None if as_json else Printer(headers=p["all_runs"])
     api = _broker(top)
     try:
-        ref = p["ref"]
-        if ref.isascii() and ref.isdigit():  # an id, else the last job so named
-            job = int(ref)
-        else:
-            named = api.get(f"/v1/jobs?name={quote(ref, safe='')}")["jobs"]
-            if not named:
-                raise NotHere("no such name")
-            job = named[-1]["id"]
+        job = named_id(api, p["ref"])
+        if job is None:
+            raise NotHere("no such name")
         doc = show(api, job, "stderr" if p["stderr"] else "stdout", p["run_id"],
                    p["all_runs"], p["rank"], p["lines"], printer)
+        return _print_json(doc) if as_json else 0
+    except BrokenPipeError:  # `marble logs 5 | head`, as click's command takes it
+        quiet_pipe()
+        return 0
     except (ApiError, BrokerUnreachable, OSError) as exc:
         if printer is None or not printer.printed:
             raise NotHere("logs") from None
-        if isinstance(exc, BrokenPipeError):
-            quiet_pipe()
-            return 0
         if isinstance(exc, OSError):
-            raise
+            raise  # as out of click's command
         print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
         return 1
-    try:
-        return _print_json(doc) if as_json else 0
-    except BrokenPipeError:
-        quiet_pipe()
-        return 0
 
 
 # ------------------------------------------------------------ marble submit
