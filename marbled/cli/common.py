@@ -1,7 +1,8 @@
 """What every `marble` command shares: finding the broker, calling it, and printing.
 
 click is imported where a function needs it (an error to raise, an option to declare), not
-here: `marble submit` and `status` run without it (`quick.py`)."""
+here: the everyday forms of `marble submit`, `status`, `logs` and `cancel` run without it
+(`quick.py`)."""
 
 from __future__ import annotations
 
