@@ -44,6 +44,7 @@ from typing import Any
 from aiohttp import web
 
 from marbled.api import dashboard
+from marbled.api.answers import answer
 from marbled.api.openapi import (
     IDEMPOTENCY_HEADER,
     KEY_PATTERN,
@@ -105,7 +106,7 @@ def _error(status: int, message: str, field: str | None = None,
     body: dict[str, Any] = {"error": message, "retry": retry}
     if field:
         body["field"] = field
-    return web.json_response(body, status=status)
+    return answer(body, status=status)
 
 
 def peer_uid(request: web.Request) -> int | None:
@@ -289,8 +290,8 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:
-        return web.json_response({**views.status(), "max_request_bytes": limit,
-                                  "max_jobs_per_request": MAX_JOBS_PER_REQUEST})
+        return answer({**views.status(), "max_request_bytes": limit,
+                       "max_jobs_per_request": MAX_JOBS_PER_REQUEST})
 
     @routes.get("/v1/wait")
     async def wait(request: web.Request) -> web.Response:
@@ -301,10 +302,10 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
             views.counts_of(ids)  # 404 for a job that does not exist, before any wait
         ended = await commands.end_waiters.wait(timeout, ids or None)
         status = views.status()
-        return web.json_response({"ended": ended,
-                                  "jobs": views.counts_of(ids) if ids else status["jobs"],
-                                  "draining": status["draining"],
-                                  "cannot_run": views.cannot_run(ids)})
+        return answer({"ended": ended,
+                       "jobs": views.counts_of(ids) if ids else status["jobs"],
+                       "draining": status["draining"],
+                       "cannot_run": views.cannot_run(ids)})
 
     @routes.post("/v1/jobs")
     async def submit(request: web.Request) -> web.Response:
@@ -335,8 +336,8 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
             view["notes"] = getattr(r, "notes", [])
         await asyncio.shield(durable)
         # a retry of a keyed request: 200 (nothing new was created), the same jobs
-        return web.json_response({"jobs": jobs}, status=200 if again else 201,
-                                 headers={"Idempotent-Replayed": "true"} if again else None)
+        return answer({"jobs": jobs}, status=200 if again else 201,
+                      headers={"Idempotent-Replayed": "true"} if again else None)
 
     @routes.get("/v1/jobs")
     async def list_jobs(request: web.Request) -> web.Response:
@@ -352,11 +353,11 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         if name is not None and not 0 < len(name) <= MAX_NAME:
             raise Invalid(f"name must be a job's name: 1 to {MAX_NAME} characters", "name")
         jobs, more = views.jobs(states, after or 0, limit, name, _since(request))
-        return web.json_response({"jobs": jobs, "next": more})
+        return answer({"jobs": jobs, "next": more})
 
     @routes.get("/v1/jobs/{job_id}")
     async def show(request: web.Request) -> web.Response:
-        return web.json_response(await views.job_detail(_job_id(request)))
+        return answer(await views.job_detail(_job_id(request)))
 
     @routes.get("/v1/jobs/{job_id}/log")
     async def log(request: web.Request) -> web.Response:
@@ -370,28 +371,27 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         limit = _whole(request, "limit", 1, MAX_LOG_BYTES) or \
             (LOG_PAGE if lines is None else MAX_LOG_BYTES)
         rank = _whole(request, "rank", 0, MAX_RANK)
-        return web.json_response(await views.log(job_id, run, stream, offset, limit, lines,
-                                                 rank))
+        return answer(await views.log(job_id, run, stream, offset, limit, lines, rank))
 
     @routes.post("/v1/jobs/{job_id}/cancel")
     async def cancel(request: web.Request) -> web.Response:
         job_id = _job_id(request)
         commands.cancel(job_id)
-        return web.json_response({"id": job_id, "cancel": "requested"}, status=202)
+        return answer({"id": job_id, "cancel": "requested"}, status=202)
 
     @routes.post("/v1/jobs/{job_id}/suspend")
     async def suspend(request: web.Request) -> web.Response:
         job_id = _job_id(request)
         commands.suspend(job_id)
-        return web.json_response({"id": job_id, "suspend": "requested"}, status=202)
+        return answer({"id": job_id, "suspend": "requested"}, status=202)
 
     @routes.get("/v1/runs")
     async def runs(request: web.Request) -> web.Response:
-        return web.json_response(views.runs(_since(request)))
+        return answer(views.runs(_since(request)))
 
     @routes.get("/v1/forecast")
     async def forecast(request: web.Request) -> web.Response:
-        return web.json_response(await views.forecast())
+        return answer(await views.forecast())
 
     @routes.get("/v1/curves")
     async def curves(request: web.Request) -> web.Response:
@@ -400,14 +400,14 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
         if model is not None and not MODEL_NAME.fullmatch(model):
             raise Invalid("model must be a model name such as resnet-50 (letters, digits "
                           "and . _ + : / -)", "model")
-        return web.json_response(views.curves(model))
+        return answer(views.curves(model))
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:
         # SPEC with this broker's limits, so that what it describes is what it accepts
         status = views.status()
         policy = POLICIES.get(status["policy"])
-        return web.json_response(for_broker(
+        return answer(for_broker(
             max(len(node["gpus"]) for node in status["nodes"].values()),
             len(status["nodes"]) if policy is None or policy.multi_node else 1,
             [m["model"] for m in views.curves()["models"]
@@ -423,7 +423,7 @@ def build_app(commands: Any, views: Any, on_shutdown: Callable[[], None],
     @routes.post("/v1/shutdown")
     async def shutdown(request: web.Request) -> web.Response:
         asyncio.get_running_loop().call_soon(on_shutdown)
-        return web.json_response({"shutdown": "started"}, status=202)
+        return answer({"shutdown": "started"}, status=202)
 
     app.add_routes(routes)
     dashboard.add_routes(app.router)  # GET /dashboard/: static files, read-only page
