@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-BROKER_NEEDS = ("aiohttp", "sqlalchemy", "click", "yaml")
+BROKER_NEEDS = ("aiohttp", "orjson", "sqlalchemy", "click", "yaml")
 
 
 @contextmanager

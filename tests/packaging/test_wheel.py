@@ -58,7 +58,7 @@ def test_the_worker_alone_installs_without_the_brokers_dependencies(wheel, tmp_p
                  "- set(sys.stdlib_module_names))))"], tmp_path, env)
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout) == ["marbled"]  # the standard library and marbled only
-    for module in ("aiohttp", "sqlalchemy", "click", "yaml"):
+    for module in ("aiohttp", "orjson", "sqlalchemy", "click", "yaml"):
         missing = run([bin_ / "python", "-c", f"import {module}"], tmp_path, env)
         assert missing.returncode == 1 and "ModuleNotFoundError" in missing.stderr
     hint = run([bin_ / "marbled", "--help"], tmp_path, env)
