@@ -215,6 +215,19 @@ def left_out_text(forecast: dict, most: int = 3) -> str:
 def output(ctx: click.Context, as_json: bool, doc: object, text: Callable[[], None]) -> None:
     """Print `doc` as JSON if asked (here or on `marble`), else call `text` to print it."""
     if as_json or (ctx.find_root().obj or {}).get("json"):
-        print(json.dumps(doc, indent=2, sort_keys=True), flush=True)
+        print_json(doc)
     else:
         text()
+
+
+def print_json(doc: object) -> int:
+    """`--json`'s output of `doc`; exit status 0."""
+    print(json.dumps(doc, indent=2, sort_keys=True), flush=True)
+    return 0
+
+
+def say_error(exc: BrokerUnreachable | ApiError) -> int:
+    """A broker's absence or refusal said as click says a ClickException (`call`), without
+    click; exit status 1."""
+    print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
+    return 1

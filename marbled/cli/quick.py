@@ -17,12 +17,11 @@ argument list as click does."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from marbled.cli.client import ApiError, BrokerClient, BrokerUnreachable
-from marbled.cli.common import NoToken, broker_at, error_text, named_id
+from marbled.cli.common import NoToken, broker_at, named_id, print_json, say_error
 from marbled.cli.status_view import STATUS_LIMIT, status_doc, status_lines
 
 FLAG, MULTIPLE = "flag", "multiple"  # kinds of option besides a value's type (int, str)
@@ -159,11 +158,6 @@ def _broker(top: dict) -> BrokerClient:
         raise NotHere("no token") from None  # click's command says what to do
 
 
-def _print_json(doc: object) -> int:
-    print(json.dumps(doc, indent=2, sort_keys=True), flush=True)  # as common.output
-    return 0
-
-
 # ------------------------------------------------------------ marble status
 
 
@@ -175,7 +169,7 @@ def _status(top: dict, params: dict) -> int:
     except (ApiError, BrokerUnreachable, OSError):
         raise NotHere("status") from None
     if params["as_json"] or top["as_json"]:
-        return _print_json(doc)
+        return print_json(doc)
     print("\n".join(status_lines(doc, params["show_all"])), flush=True)
     return 0
 
@@ -191,10 +185,9 @@ def _cancel(top: dict, params: dict) -> int:
     try:
         doc = ask(_broker(top), list(params["jobs"]), "cancel")
     except BrokerUnreachable as exc:
-        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
-        return 1
+        return say_error(exc)
     if params["as_json"] or top["as_json"]:
-        _print_json(doc)
+        print_json(doc)
     else:
         for line, to_stderr in ask_lines(doc, "cancel", summary_only=False):
             print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
@@ -222,7 +215,7 @@ def _logs(top: dict, params: dict) -> int:
             raise NotHere("no such name")
         doc = show(api, job, "stderr" if p["stderr"] else "stdout", p["run_id"],
                    p["all_runs"], p["rank"], p["lines"], printer)
-        return _print_json(doc) if as_json else 0
+        return print_json(doc) if as_json else 0
     except BrokenPipeError:  # `marble logs 5 | head`, as click's command takes it
         quiet_pipe()
         return 0
@@ -231,8 +224,7 @@ def _logs(top: dict, params: dict) -> int:
             raise NotHere("logs") from None
         if isinstance(exc, OSError):
             raise  # as out of click's command
-        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
-        return 1
+        return say_error(exc)
 
 
 # ------------------------------------------------------------ marble submit
@@ -259,10 +251,9 @@ def _submit(top: dict, params: dict) -> int:
         SENT_KEY = key  # the click command sends it again and says the refusal as always
         raise NotHere("refused") from None
     except BrokerUnreachable as exc:  # as click says a ClickException (common.call)
-        print(f"Error: {error_text(exc)}", file=sys.stderr, flush=True)
-        return 1
+        return say_error(exc)
     if params["as_json"] or top["as_json"]:
-        return _print_json(result)
+        return print_json(result)
     for job in result["jobs"]:
         print(submitted_line(job), flush=True)
         for line in note_lines(job, from_file=False):

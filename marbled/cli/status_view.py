@@ -68,9 +68,6 @@ def header(gpus_width: int = GPUS_WIDTH) -> str:
             f"{'GPUS':<{gpus_width}} {'STEP':>12} {'STEPS/S':>8} {'ETA':>7} {'SUSP':>4}")
 
 
-HEADER = header()
-
-
 def gpus_cell(j: dict) -> str:
     """The GPUS column: the GPU slots of a job's run ('0,1'), each node's behind its name on
     several nodes, as Slurm names nodes ('n1:0,1 n2:0,1'); '-' for a job without a run."""
