@@ -119,6 +119,8 @@ class Broker:
                 raise self.failure
             if not self.draining and self.ledger.fault is None:
                 self.decide()
+            else:
+                self.ledger.commit_ends()  # no decision to join them: a drain's ends
             self.end_waiters.check()
         self.ledger.flush()  # once more: the store may take what is held now
         self._idle.set()
@@ -150,7 +152,6 @@ class Broker:
 
     def decide(self) -> None:
         began = time.perf_counter()  # the loop's own busy time, not self.clock (tests fake it)
-        self.intake.forget_ended()
         now = self.clock.time()
         with self.ledger.batch():  # one transaction for the decision's changes
             for action, job in settle(self.policy, self.state, now,
@@ -163,6 +164,8 @@ class Broker:
                         self._suspend(job, reason)
                     case Cancel(reason=reason):
                         self._finish(job.id, JobState.CANCELLED, reason)
+        self.ledger.commit_ends()  # the ends that woke it, if it wrote nothing to join them
+        self.intake.forget_ended()  # once their ends are committed
         self.timers.decide_at(self.policy.next_decision(self.state, self.clock.time()))
         self.metrics.decision.observe(time.perf_counter() - began)
 
@@ -380,6 +383,7 @@ class Broker:
             self.end_waiters.close()
             self.ledger.event("drain", self.clock.time(), reason=reason)
             self.runs.standby.drop_all()
+            self.ledger.stop_waits()  # a run not yet recorded is not started now
             for job in self.state.active():
                 if job.state is JobState.RUNNING and job.id in self.runs.live:
                     self._suspend_now(job.id, reason)

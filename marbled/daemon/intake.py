@@ -179,9 +179,10 @@ class Intake:
     def forget_ended(self) -> None:
         """The jobs that ended for good leave the state, their specs and names: what they left
         is in the store, which answers for them from now on. Only once their ends are
-        committed (no write held: `ledger.fault`), so that the store's answer is their end."""
+        committed (none held for a fault, `ledger.fault`, nor for the next decision,
+        `ledger.ends_held`), so that the store's answer is their end."""
         b = self.broker
-        if not self.leaving or b.ledger.fault is not None:
+        if not self.leaving or b.ledger.fault is not None or b.ledger.ends_held:
             return
         ended, self.leaving = self.leaving, []
         for job_id in ended:

@@ -15,7 +15,8 @@ Writes are grouped, never reordered:
 - **Writes no one waits for** (`run_process`: a run's pid, which a restarted broker
   could also find by the process's environment) join the next transaction, or are
   committed on their own within `DEFER` seconds.
-- **Changes made in one decision** (`batch()`) commit together.
+- **Changes made in one decision** (`batch()`) commit together, with the runs' ends
+  that woke it (`Ledger.run_ended`, `Ledger.commit_ends`).
 
 A transaction the store refuses for a reason of storage (a full disk, a
 read-only file) has its writes held and retried: `storage_faults.py`

@@ -74,6 +74,7 @@ class Ledger(Journal):
         super().__init__(store, observe, on_failure, retry=(RETRY_FIRST, RETRY_MAX))
         # What writes need to know, kept as written (or held): never read back for a write.
         self._jobs: dict[int, list] = {}  # unfinished job -> [step, started_at, failures]
+        self.ends_held = False  # a run's end waits to be committed with the next decision
         self._next_run = (self.db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0) + 1
 
     def _forget(self, jobs: tuple[int, ...]) -> None:
@@ -304,7 +305,19 @@ class Ledger(Journal):
             self._log(con, reason, job_id, run_id, at, exit_code=exit_code, step=end_step,
                       detail=detail, **extra)
 
-        self._write(_Write(apply))
+        # Committed with the decision that the end wakes (`commit_ends`): one transaction,
+        # not two, for a run that ends and the run that takes its GPUs. A broker that dies
+        # before then leaves the run open, and the next one reads its end from the run's
+        # exit file, as it does for a run that ended while no broker watched (lifecycle I2).
+        self.ends_held = True
+        self._later(_Write(apply), soon=False)
+
+    def commit_ends(self) -> None:
+        """Commit the runs' ends not yet committed (a decision that wrote nothing left them
+        waiting), unless the store is refusing writes (its retry writes them then)."""
+        if self.ends_held and self.fault is None:
+            self.flush()
+            self.ends_held = bool(self._pending)  # (none left once committed)
 
     # ------------------------------------------------------------ GPUs
 

@@ -1,5 +1,5 @@
 """Why a failed run failed, in its own words: what the broker adds to the reason of a run
-that ended with `failed` from the run's files (`Runs.outcome`, `runs.py`).
+that ended with `failed` from the run's files (`run_end.py`).
 
 A per-GPU run's failing rank (the local launcher's record, or the task srun names) and
 that rank's error line, not the launcher's summary; a cause the stderr names (out of

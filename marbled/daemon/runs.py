@@ -7,8 +7,8 @@ suspending), whichever is first. No acknowledgement within `suspend_timeout`:
 SIGCONT + SIGTERM, then SIGKILL after `kill_timeout`; after an acknowledgement
 the process gets `kill_timeout` to exit before SIGKILL. The exit code, the
 acknowledgement and the job's last progress report decide how the run ended
-(`core/outcome.py`; a failed run's reason, from its files: `run_failures.py`); `Runs`
-records it and tells the broker.
+(`run_end.py`, with `core/outcome.py`; a failed run's reason, from its files:
+`run_failures.py`); `Runs` records it and tells the broker.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from marbled.batch.base import Launcher
 from marbled.core.model import Job, JobState, Start, State
-from marbled.core.outcome import RunEnd, ended_with_allocation, run_outcome
 from marbled.core.spec import JobSpec
 from marbled.daemon.clock import Clock, Timer, call_later
 from marbled.daemon.config import BrokerConfig
@@ -34,7 +33,7 @@ from marbled.daemon.requests import (
     standby_env,
     start_failure,
 )
-from marbled.daemon.run_failures import failure_reason, refused_start
+from marbled.daemon.run_end import run_end
 from marbled.daemon.workfiles import JobFiles
 
 log = logging.getLogger("marbled")
@@ -60,7 +59,7 @@ class Runs:
         self.launching: set[int] = set()  # jobs whose process is being started
         self._cancel_pending: set[int] = set()  # ... and that were cancelled meanwhile
         self._suspend_pending: dict[int, str] = {}  # ... or asked to suspend (the reason)
-        self._refused: dict[int, int] = {}  # job -> refusals of its step in a row
+        self.step_refusals: dict[int, int] = {}  # job -> refusals of its step in a row
         self.standby = Standbys(launcher.launch, spawn, self._record)
         self._look: Timer | None = None  # the next look for acknowledgement markers
         self._marker_at = float("-inf")  # when a marker was last found
@@ -99,6 +98,11 @@ class Runs:
                    "MARBLE_GPU_SHARE": str(action.share), "MARBLE_ROLE": action.role.value,
                    "MARBLE_LAUNCH_TIME": repr(self.clock.time())}
         try:
+            if self.ledger.fault is not None and not await self.ledger.until_written():
+                # The broker stops first: never started. Its job waits again here; the next
+                # broker finds the run open with no process, and starts the job once.
+                self._on_end(Ended(job_id, JobState.SUSPENDED))
+                return
             # its directories are made here, not in start(): a decision that starts hundreds
             # of new jobs (two mkdirs each) launches its first run without waiting for them all
             try:
@@ -325,7 +329,7 @@ class Runs:
         live.clear_timers()
         now = self.clock.time()  # one instant: the end recorded is where a retry counts from
         self._observe(live, now)
-        end, retry_at, extra = self.outcome(live, code, now)
+        end, retry_at, extra = run_end(self, live, code, now)
         self._check_restored(live, extra)
         progress = extra.pop("_progress")
         self.ledger.run_ended(live.job_id, live.run_id, at=now, exit_code=code,
@@ -336,58 +340,6 @@ class Runs:
             self.standby.drop(live.job_id)
             self.files.forget(live.job_id)
         self._on_end(Ended(live.job_id, end.outcome, retry_at))
-
-    def outcome(self, live: LiveRun, code: int | None,
-                now: float) -> tuple[RunEnd, float | None, dict]:
-        """How the run ended, when a failed one is retried, and what its event adds."""
-        spec = self.specs[live.job_id]
-        suspending = self.state.jobs[live.job_id].state is JobState.SUSPENDING
-        progress = self.files.progress(live.job_id, live.run_id)
-        ended_by = getattr(live.handle, "ended_by", None)
-        other = getattr(live.handle, "allocation_of_its_own", lambda: None)() if code else None
-        said = ended_by(self.files.stderr_tail(live.job_id, live.run_id)) if other else None
-        if other and ended_with_allocation(code, said):
-            # a run of an earlier allocation that ended with it, as one on a node that left
-            # (recovery): not the job's failure; it runs again from its last checkpoint
-            code = None
-        end = run_outcome(code=code, cancelled=live.cancel, suspending=suspending,
-                          escalated=live.escalated, reason=live.reason, ack=live.acked,
-                          progress_step=progress.get("step"), target_steps=spec.steps,
-                          start_step=live.start_step, recovered=live.recovered)
-        extra: dict = {"_progress": progress}
-        if live.recovered:
-            extra["recovered"] = True
-        if progress.get("phases"):
-            extra["phases"] = progress["phases"]
-        why, retry_at = end.why, None
-        if other and code is None:
-            why = f"{why}; its allocation {other} ended, and the run with it"
-        if not ended_by or end.outcome is JobState.DONE:
-            said = None
-        elif not other:  # (read above for a run of another allocation)
-            said = ended_by(self.files.stderr_tail(live.job_id, live.run_id))
-        refusals = self._refused.pop(live.job_id, 0) + bool(said and said.get("never_ran"))
-        refused = None if live.cancel else refused_start(said, refusals, live.start_step, now)
-        if refused:  # its step was not created: its command never ran
-            self._refused[live.job_id] = refusals
-            return refused[0], refused[1], {**extra, **refused[2]}
-        if said:  # the batch system ended it (scancel, time limit, OOM): its words
-            why, extra["ended_by"] = f"{why}: {said['detail']}", said
-        if end.outcome is JobState.FAILED:
-            why = failure_reason(self.files, live.job_id, live.run_id, spec.per_gpu, why,
-                                 extra)
-            failures = self.ledger.failures(live.job_id)
-            if failures < spec.retries:
-                delay = self.config.retry_delay * 2 ** failures
-                retry_at = now + delay
-                why = f"{why}; retry {failures + 1} of {spec.retries} in {delay:g} s"
-                extra["retry_in"] = delay
-        end_step = end.end_step
-        if retry_at is not None and live.acked is None:
-            # Its last report is not a checkpoint: the retry resumes from whatever checkpoint
-            # there is, and its first report says which (as after a stop by force).
-            end_step, extra["last_reported_step"] = None, end.end_step
-        return RunEnd(end.outcome, why, end_step), retry_at, extra
 
     def _check_restored(self, live: LiveRun, extra: dict) -> None:
         """A job that could not use the checkpoint it acknowledged: say so, never silently."""

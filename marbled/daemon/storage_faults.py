@@ -131,12 +131,35 @@ class SurvivesFaults:
         self.held_most = 0  # the most writes held at once
         self.dropped_samples = 0  # GPU samples not kept while writes were held
         self._spilled = False  # the held writes were saved for the next broker: write no more
+        self._writable: asyncio.Future | None = None  # what `until_written` waits on
+        self._waits_stopped = False  # the broker stops: `until_written` waits no more
         self._apply_spill()
 
     @property
     def held(self) -> int:
         """Writes held in memory while the store cannot take them."""
         return len(self._pending) if self.fault is not None else 0
+
+    async def until_written(self) -> bool:
+        """Wait while the store refuses writes: True once the writes held are committed (so
+        is everything written before this was called), False if the broker stops first
+        (`stop_waits`). A run is started only once its record is committed: a broker killed
+        before then would not know the run, and the next one would start its job again."""
+        while self.fault is not None:
+            if self._waits_stopped:
+                return False
+            if self._writable is None or self._writable.done():
+                self._writable = asyncio.get_running_loop().create_future()
+            if not await asyncio.shield(self._writable):
+                return False
+        return True
+
+    def stop_waits(self) -> None:
+        """The broker stops: what waits in `until_written` gives up (the held writes are
+        saved for the next broker, which settles the runs never started)."""
+        self._waits_stopped = True
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(False)
 
     def _refused(self, writes: list[_Write], exc: BaseException) -> None:
         """The store refused the transaction of `writes` (full, read-only, failing): roll it
@@ -252,6 +275,8 @@ class SurvivesFaults:
             self.dropped_samples = 0
         self._later(self._own_event("store-writable",
                                     {"held": held, "after_s": round(after, 3)}), soon=False)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(True)
         self.on_recovered()
 
     @property

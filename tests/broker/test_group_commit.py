@@ -83,6 +83,26 @@ async def test_a_decision_commits_once_and_a_pid_waits_for_company(tmp_path):
 
 
 @in_loop
+async def test_a_runs_end_shares_the_commit_of_the_start_it_makes_room_for(tmp_path):
+    async with running_broker(tmp_path) as h:
+        holder, waiting = (row.id for row in h.broker.submit([HOLDER, ONE]))
+        await pump()
+        await asyncio.sleep(ledger_module.DEFER * 2)  # the holder's pid is written
+        log = _commits(h.broker.ledger.db)
+        h.launcher.runs[0].exit(0)
+        await pump()
+        assert log.count("COMMIT") == 1  # the end and the next start: one transaction
+        assert [r.state for r in h.store.jobs()] == ["done", "running"]
+        assert [e.kind for e in h.store.events()][-2:] == ["done", "started"]
+        # an end that wakes a decision with nothing to start is committed after it, alone
+        h.launcher.runs[1].exit(0)
+        await pump()
+        assert log.count("COMMIT") == 2
+        assert [r.state for r in h.store.jobs()] == ["done", "done"]
+        assert holder not in h.broker.state.jobs and waiting not in h.broker.state.jobs
+
+
+@in_loop
 async def test_a_failed_group_commit_answers_no_one_and_stops_the_broker(tmp_path):
     answers: list[BaseException | None] = []
     with pytest.raises(sqlite3.DatabaseError, match="no space left"):  # the broker's end

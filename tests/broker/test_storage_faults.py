@@ -226,3 +226,79 @@ async def test_a_row_that_belongs_to_a_submission_is_written_or_refused_with_it(
         assert "taken" in meta and "refused" not in meta
         assert [r.id for r in store.jobs()] == [admitted[0].job.id]
     store.close()
+
+
+class FullAtRunStart(FullDisk):
+    """A disk that fills as a decision records a run: its transaction is the first the
+    store refuses (no end or submission before it saw the fault)."""
+
+    def __init__(self, con: sqlite3.Connection):
+        super().__init__(con)
+        self.fill_at_run = False
+
+    def execute(self, sql: str, *args):
+        if self.fill_at_run and sql.startswith("INSERT INTO runs"):
+            self.full = True
+        return self.con.execute(sql, *args)
+
+
+@in_loop
+async def test_a_run_whose_record_the_store_refuses_starts_only_once_it_is_recorded(tmp_path):
+    """The decision that starts a run is the transaction the full disk refuses: its process
+    is not started until the run's record is committed (a broker killed meanwhile would not
+    know the run, and start the job a second time); once the disk has room, it starts, once."""
+    store = Store(tmp_path / "marbled.db")
+    async with running_broker(tmp_path, store=store) as h:
+        holder = h.submit(**{**PAIR, "gpus": 6})
+        await pump()
+        waiting = h.submit(**PAIR)
+        await pump()
+        await asyncio.sleep(ledger_module.DEFER * 2)  # the pid is written
+        disk = h.broker.ledger.db = FullAtRunStart(h.broker.ledger.db)
+        disk.fill_at_run = True
+        h.launcher.runs[0].exit(0)
+        await _until(lambda: h.broker.ledger.fault is not None)
+        await asyncio.sleep(0.05)  # retries, refused
+        assert _launched(h.launcher) == [holder]  # not started: its run is not recorded
+        assert _states(store)[waiting] == "queued"
+        disk.fill_at_run = disk.full = False
+        await _until(lambda: h.broker.ledger.fault is None and len(h.launcher.runs) == 2)
+        assert _launched(h.launcher) == [holder, waiting]
+        await asyncio.sleep(ledger_module.DEFER * 2)
+        assert _states(store) == {holder: "done", waiting: "running"}
+        assert len(h.runs(waiting)) == 1
+    store.close()
+
+
+@in_loop
+async def test_a_drain_while_a_run_waits_for_its_record_stops_and_the_next_broker_runs_it(
+        tmp_path):
+    """The broker is asked to stop while a decided run waits for the store: it stops (the
+    run is never started), saves what it holds, and the next broker runs the job once."""
+    store = Store(tmp_path / "marbled.db")
+    with pytest.raises(ledger_module.StorageLost, match="disk is full"):
+        async with running_broker(tmp_path, store=store) as h:
+            holder = h.submit(**{**PAIR, "gpus": 6})
+            await pump()
+            waiting = h.submit(**PAIR)
+            await pump()
+            await asyncio.sleep(ledger_module.DEFER * 2)
+            disk = h.broker.ledger.db = FullAtRunStart(h.broker.ledger.db)
+            disk.fill_at_run = True
+            h.launcher.runs[0].exit(0)
+            await _until(lambda: h.broker.ledger.fault is not None)
+            assert waiting in h.broker.runs.launching  # decided, waiting for its record
+            drain = asyncio.get_running_loop().create_task(h.broker.drain("shutdown"))
+            await asyncio.wait_for(h.task, 2)  # it stops, saying why: not stuck on the wait
+    assert drain.done() and _launched(h.launcher) == [holder]
+    assert _states(store) == {holder: "running", waiting: "queued"}  # what was committed
+    store.close()
+
+    again = Store(tmp_path / "marbled.db")
+    launcher = FakeLauncher(adopt_alive=False)
+    async with running_broker(tmp_path, store=again, launcher=launcher) as h2:
+        await pump()
+        assert h2.job(holder).state is JobState.DONE  # its end was saved: not run again
+        assert _launched(launcher) == [waiting]  # started once, by this broker
+        assert h2.job(waiting).state is JobState.RUNNING
+    again.close()
