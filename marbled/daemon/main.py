@@ -103,7 +103,8 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
     try:
         private_files(config.state_dir)
         store = Store(config.state_dir / DB_NAME)
-    except SchemaError as exc:
+        store.check_whole()
+    except SchemaError as exc:  # (StoreDamaged too)
         os.close(lock_fd)
         raise StartupError(str(exc)) from None
     store.set_meta(policy=policy.name, profile=config.book.system,

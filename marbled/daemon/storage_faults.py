@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from marbled.core.errors import Unavailable
+from marbled.store.damage import damaged, is_damage
 
 if TYPE_CHECKING:
     from marbled.daemon.journal import _Write
@@ -54,9 +55,12 @@ _MESSAGES = (("database or disk is full", "full"), ("readonly database", "readon
 def storage_fault(exc: BaseException) -> str | None:
     """The kind of storage fault `exc` is ('full', 'quota', 'readonly', 'ioerr', 'locked',
     'cantopen'), which a retry may cure once space or access returns; None for a fault of
-    the statement (a constraint, a bug), which no retry cures."""
+    the statement (a constraint, a bug), which no retry cures; 'damaged' for a database file
+    that is (which only its recovery cures: the writes are held meanwhile all the same)."""
     if isinstance(exc, OSError):
         return _OS_FAULTS.get(exc.errno)
+    if is_damage(exc):
+        return "damaged"
     if not isinstance(exc, sqlite3.OperationalError):
         return None
     code = getattr(exc, "sqlite_errorcode", None)
@@ -235,6 +239,8 @@ class SurvivesFaults:
                         f"(fuser {db})")
             case "cantopen":
                 return f"the database's files in {state_dir} cannot be opened ({exc})"
+            case "damaged":  # (running jobs go on; `marble shutdown` checkpoints them)
+                return damaged(db, exc)
             case _:
                 return f"writing the database {db} fails ({exc}): check the filesystem {mount}"
 

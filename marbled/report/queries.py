@@ -13,6 +13,7 @@ from pathlib import Path
 
 from marbled.paths import DB_NAME
 from marbled.resources import sql_path
+from marbled.store.damage import damaged, quick_check
 
 SUMMARY = "summary"
 TABLES = ("jobs", "runs", "events", "meta")
@@ -71,8 +72,15 @@ def open_state(path: Path) -> sqlite3.Connection:
             raise StateFileError(f"{path}: not a marbled state database (no table "
                                  f"{', '.join(missing)})")
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        # a damaged page, said now with what to do, not as a traceback part-way through
+        # (every page's structure: 30-40 ms for 20,000 jobs)
+        problem = quick_check(con)
+        if problem:
+            raise StateFileError(damaged(path, problem))
     except sqlite3.DatabaseError as exc:  # "file is not a database", "... is malformed"
         con.close()
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == 11:  # SQLITE_CORRUPT: it was one
+            raise StateFileError(damaged(path, exc)) from None
         raise StateFileError(f"{path}: not an SQLite database ({exc})") from None
     except StateFileError:
         con.close()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from marbled.core.environment import Environment
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
+from marbled.store.damage import damaged, is_damage, quick_check
 from marbled.store.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 class SchemaError(RuntimeError):
     pass
+
+
+class StoreDamaged(SchemaError):
+    """The database file is damaged (a bad byte, a write the disk lost): named, with what to
+    do, before anything reads or writes it."""
 
 
 JOB_RECORD_COLUMNS = (
@@ -128,6 +134,14 @@ class Store:
 
     def __init__(self, path: Path | None):
         self.path = Path(path) if path is not None else None
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            if self.path is None or not is_damage(exc):
+                raise
+            raise StoreDamaged(damaged(self.path, exc)) from None
+
+    def _open(self) -> None:
         if self.path is not None:
             migrate(self.path)
         # check_same_thread off, as SQLAlchemy's pool had it: only the loop thread writes
@@ -146,6 +160,16 @@ class Store:
         # key -> [digest, first job id, job count, this broker's answer or None]; read at the
         # first keyed submission (`requested`)
         self.requests: dict[str, list] | None = None
+
+    def check_whole(self) -> None:
+        """Raise StoreDamaged if SQLite's `quick_check` finds the file damaged (every page's
+        structure, not the values: 30-40 ms for 20,000 jobs). A broker's start, before it
+        reads the jobs: a damaged page found later would stop it part-way."""
+        if self.path is None:
+            return
+        problem = quick_check(self._con)
+        if problem:
+            raise StoreDamaged(damaged(self.path, problem))
 
     @property
     def engine(self) -> Engine:

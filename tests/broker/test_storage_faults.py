@@ -54,6 +54,14 @@ async def _until(predicate, seconds: float = 2.0) -> None:
     await pump()
 
 
+async def _first_end_faulted(h, disk: FullDisk) -> None:
+    """The ledger's connection swapped for `disk` (faulty from now on), then the first run
+    ends: once its transaction is refused, the ledger holds its writes."""
+    h.broker.ledger.db = disk
+    h.launcher.runs[0].exit(0)
+    await _until(lambda: h.broker.ledger.fault is not None)
+
+
 @in_loop
 async def test_a_full_disk_holds_the_ends_refuses_submissions_and_recovers_by_itself(tmp_path):
     store = Store(tmp_path / "marbled.db")
@@ -195,6 +203,8 @@ async def test_a_statement_fault_is_not_a_storage_fault(tmp_path):
     assert ledger_module.storage_fault(sqlite3.OperationalError("database or disk is full")) \
         == "full"
     assert ledger_module.storage_fault(OSError(28, "No space left on device")) == "full"
+    assert ledger_module.storage_fault(sqlite3.DatabaseError("database disk image is "
+                                                             "malformed")) == "damaged"
     with contextlib.closing(sqlite3.connect(":memory:")) as con:
         con.execute("CREATE TABLE t (x)")
         con.execute("PRAGMA query_only = 1")
@@ -254,10 +264,9 @@ async def test_a_run_whose_record_the_store_refuses_starts_only_once_it_is_recor
         waiting = h.submit(**PAIR)
         await pump()
         await asyncio.sleep(ledger_module.DEFER * 2)  # the pid is written
-        disk = h.broker.ledger.db = FullAtRunStart(h.broker.ledger.db)
+        disk = FullAtRunStart(h.broker.ledger.db)
         disk.fill_at_run = True
-        h.launcher.runs[0].exit(0)
-        await _until(lambda: h.broker.ledger.fault is not None)
+        await _first_end_faulted(h, disk)
         await asyncio.sleep(0.05)  # retries, refused
         assert _launched(h.launcher) == [holder]  # not started: its run is not recorded
         assert _states(store)[waiting] == "queued"
@@ -283,10 +292,9 @@ async def test_a_drain_while_a_run_waits_for_its_record_stops_and_the_next_broke
             waiting = h.submit(**PAIR)
             await pump()
             await asyncio.sleep(ledger_module.DEFER * 2)
-            disk = h.broker.ledger.db = FullAtRunStart(h.broker.ledger.db)
+            disk = FullAtRunStart(h.broker.ledger.db)
             disk.fill_at_run = True
-            h.launcher.runs[0].exit(0)
-            await _until(lambda: h.broker.ledger.fault is not None)
+            await _first_end_faulted(h, disk)
             assert waiting in h.broker.runs.launching  # decided, waiting for its record
             drain = asyncio.get_running_loop().create_task(h.broker.drain("shutdown"))
             await asyncio.wait_for(h.task, 2)  # it stops, saying why: not stuck on the wait
@@ -302,3 +310,41 @@ async def test_a_drain_while_a_run_waits_for_its_record_stops_and_the_next_broke
         assert _launched(launcher) == [waiting]  # started once, by this broker
         assert h2.job(waiting).state is JobState.RUNNING
     again.close()
+
+
+class DamagedFile(FullDisk):
+    """The ledger's connection on a database file found damaged: its commits fail as
+    SQLite's do on a malformed page, while `full`."""
+
+    def commit(self) -> None:
+        if self.full:
+            self.refused += 1
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        self.con.commit()
+
+
+@in_loop
+async def test_a_store_found_damaged_while_jobs_run_holds_its_writes_and_says_what_to_do(
+        tmp_path):
+    """A damaged page found at a commit is a fault of storage, not a failed statement: the
+    broker does not stop (its running jobs go on, and `marble shutdown` still checkpoints
+    them), starts nothing, and every refusal says how to recover the file."""
+    store = Store(tmp_path / "marbled.db")
+    async with running_broker(tmp_path, store=store) as h:
+        ids = [h.submit(**PAIR) for _ in range(4)]  # 1-3 run, 4 waits
+        await pump()
+        await asyncio.sleep(ledger_module.DEFER * 2)
+        disk = DamagedFile(h.broker.ledger.db)
+        disk.full = True
+        await _first_end_faulted(h, disk)
+        fault = h.broker.ledger.fault
+        db = tmp_path / "marbled.db"
+        assert f"the database {db} is damaged (database disk image is malformed)" in fault
+        assert f"sqlite3 {db} .dump | sed" in fault
+        with pytest.raises(Unavailable, match="is damaged"):
+            h.submit(**PAIR)
+        await asyncio.sleep(0.05)  # retries, refused
+        assert not h.task.done() and disk.refused >= 2
+        assert _launched(h.launcher) == ids[:3]  # the fourth is not started on it
+        assert h.job(ids[0]).state is JobState.DONE  # in memory; its end is held
+    store.close()
