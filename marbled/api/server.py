@@ -69,6 +69,7 @@ from marbled.core.errors import Invalid, Never, NotFound, NotNow, Refusal, Unava
 from marbled.core.model import JobState
 from marbled.core.policy import POLICIES
 from marbled.core.spec import MAX_NAME, MODEL_NAME, JobSpec, SpecError
+from marbled.store.damage import DamagedValue
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_JOBS_PER_REQUEST = 10_000
@@ -151,6 +152,9 @@ async def errors_as_json(request: web.Request, handler: Callable) -> web.StreamR
         return await handler(request)
     except Refusal as exc:
         return _error(status_of(exc), str(exc), exc.field, exc.retry)
+    except DamagedValue as exc:  # a bad byte in an ended job's row (docs/staff-guide.md)
+        return _error(500, f"the store holds a value that cannot be read: {exc}; stop the "
+                           "broker: its next start says how to put it right")
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large; the limit is {max_body()} bytes "
                            "(submit large job sets in several requests)")

@@ -30,6 +30,7 @@ from marbled.daemon.views import Views
 from marbled.daemon.workfiles import JobFiles
 from marbled.paths import DB_NAME, LOCK_NAME
 from marbled.report.queries import StateFileError, open_state
+from marbled.store.damage import DamagedValue, damaged_value
 from marbled.store.db import Store, job_spec, recorded_job
 from marbled.store.schema import placement_parts
 
@@ -207,6 +208,8 @@ class OfflineApi:
             self.records = Records(self.state_dir)
         except StateFileError as exc:
             raise NoRecords(str(exc)) from None
+        except DamagedValue as exc:  # a bad byte in a job's command, say
+            raise NoRecords(damaged_value(self.state_dir / DB_NAME, exc)) from None
         self.views = OfflineViews(self.records)
 
     @property

@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from marbled.paths import (
     socket_path,
     state_dir_problem,
 )
+from marbled.store.damage import DamagedValue, damaged_value
 from marbled.store.db import SchemaError, Store
 
 log = logging.getLogger("marbled")
@@ -89,6 +91,15 @@ def private_files(state_dir: Path) -> None:
     os.chmod(jobs, 0o700)
 
 
+@contextlib.contextmanager
+def _values_read(store: Store) -> Iterator[None]:
+    """A value of the store that cannot be read is a start-up error naming it."""
+    try:
+        yield
+    except DamagedValue as exc:
+        raise StartupError(damaged_value(store.path, exc)) from None
+
+
 async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                 launcher: Launcher | None = None,
                 listen: tuple[str, int] | None = None) -> int:
@@ -111,7 +122,8 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
                    profile_ref=config.profile_ref,
                    nodes=json.dumps(config.nodes), gpu_source=gpu_source,
                    time_scale=config.time_scale, launcher=launcher.name)
-    broker = Broker(config, store, launcher, policy)
+    with _values_read(store):
+        broker = Broker(config, store, launcher, policy)
     planner = plan_beside(policy, broker.metrics)
     if config.sample_interval > 0 and launcher.name == "local" \
             and not gpu_source.startswith("emulated"):
@@ -119,7 +131,8 @@ async def serve(config: BrokerConfig, policy: Policy, gpu_source: str,
             broker.sampler = NvmlSampler(config.nodes[config.broker_node])
         except NoNvml as exc:
             log.info("no GPU samples: %s", exc)
-    broker.recover()
+    with _values_read(store):  # (the jobs are read before any run is adopted)
+        broker.recover()
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []
 

@@ -49,3 +49,29 @@ def damaged(path: Path, problem: object) -> str:
             f"then remove {path}-wal and {path}-shm and move {path}.recovered to {path}. Or "
             f"start on a new --state-dir: the jobs' checkpoints stay in "
             f"{path.parent / 'jobs'}/<id>/checkpoint")
+
+
+class DamagedValue(ValueError):
+    """A value of a row that cannot be read (a bad byte in a JSON column): the structure of
+    the file is whole, so `quick_check` passes, but this job cannot be known."""
+
+    def __init__(self, table: str, row_id: int, column: str, value: object, why: object):
+        super().__init__(f"{table} row {row_id}: {column} {value!r} ({why})")
+        self.table, self.row_id, self.column, self.value, self.why = \
+            table, row_id, column, value, why
+
+
+def damaged_value(path: Path, exc: DamagedValue) -> str:
+    """What to say of a value that cannot be read, and how to put it right (SQL for SQLite's
+    shell: a JSON value's quotes would end a shell's quoted argument)."""
+    row, table = exc.row_id, exc.table
+    said = (f"the database {path} holds a value that cannot be read: {table} row {row}'s "
+            f"{exc.column} is {exc.value!r} ({exc.why}). Put it right in SQLite's shell "
+            f"(sqlite3 {shlex.quote(str(path))}) while no broker runs on it: ")
+    if table != "jobs":  # an event's details: what happened is in its other columns
+        return said + f"UPDATE {table} SET \"{exc.column}\" = NULL WHERE id = {row};"
+    return said + (
+        f"write the value it was submitted with, UPDATE jobs SET \"{exc.column}\" = 'VALUE' "
+        f"WHERE id = {row}; or, if SELECT id FROM runs WHERE job_id = {row} AND ended_at IS "
+        f"NULL; shows no run open, end the job: UPDATE jobs SET state = 'cancelled', reason = "
+        f"'its record was damaged' WHERE id = {row};")

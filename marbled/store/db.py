@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from marbled.core.environment import Environment
 from marbled.core.model import Job, JobState
 from marbled.core.spec import JobSpec
-from marbled.store.damage import damaged, is_damage, quick_check
+from marbled.store.damage import DamagedValue, damaged, is_damage, quick_check
 from marbled.store.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -91,9 +91,23 @@ GpuSampleRecord = namedtuple("GpuSampleRecord", GPU_SAMPLE_COLUMNS)  # one `gpu_
 def _job_record(r: tuple) -> JobRecord:
     """A `jobs` row's values as its record: flags as bools, the JSON columns decoded."""
     loads = json.loads
-    return JobRecord(*r[:10], bool(r[10]), r[11], loads(r[12]) if r[12] is not None else None,
-                     bool(r[13]), loads(r[14]) if r[14] is not None else None, *r[15:24],
-                     bool(r[24]), *r[25:])
+    try:
+        return JobRecord(*r[:10], bool(r[10]), r[11],
+                         loads(r[12]) if r[12] is not None else None, bool(r[13]),
+                         loads(r[14]) if r[14] is not None else None, *r[15:24], bool(r[24]),
+                         *r[25:])
+    except ValueError:
+        for column, i in (("command", 12), ("after", 14)):
+            _json_of("jobs", r[0], column, r[i])
+        raise
+
+
+def _json_of(table: str, row_id: int, column: str, text: str | None) -> object:
+    """A JSON column's value; DamagedValue, naming it, if it cannot be read."""
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError as exc:
+        raise DamagedValue(table, row_id, column, text, exc) from None
 
 
 PAGE = 500  # ids a statement names at most (within SQLite's limit of variables)
@@ -106,7 +120,7 @@ def _pages(values: Collection[int]) -> Iterator[list[int]]:
 
 
 def _event_record(r: tuple) -> EventRecord:
-    return EventRecord(*r[:5], json.loads(r[5]) if r[5] is not None else None)
+    return EventRecord(*r[:5], _json_of("events", r[0], "data", r[5]))
 
 
 SCHEMA_SQL = Path(__file__).resolve().parent.parent / "sql" / "schema.sql"  # staff read it too

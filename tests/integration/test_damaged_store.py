@@ -6,6 +6,8 @@ holds its writes, as a full disk does."""
 
 from __future__ import annotations
 
+import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from marbled.cli.client import ApiError
 from marbled.paths import DB_NAME
 from marbled.store.damage import RECOVER
 from tests.conftest import require_debian
@@ -97,3 +100,49 @@ def test_what_the_advice_says_recovers_a_database_damaged_in_a_page_of_events(
     db.with_name(db.name + ".recovered").replace(db)
     d = daemon_factory(state_dir=state)
     assert [j["state"] for j in d.jobs()] == ["done"] * 3
+
+
+def test_a_job_whose_command_cannot_be_read_is_named_and_runs_once_put_right(
+        daemon_factory, tmp_path):
+    """A bad byte in a value, which leaves the file's structure whole (`quick_check` passes):
+    a queued job's command no longer JSON. The broker does not start on it, names the job,
+    the column and the two ways to put it right; with the value written back as the
+    message says, a new broker adopts the running job and runs the queued one."""
+    require_debian("sqlite3")  # SQLite's shell
+    state, marks = tmp_path / "state", tmp_path / "second.txt"
+    d = daemon_factory(state_dir=state, gpus=1)
+    holder, second = d.submit({"gpus": 1, "command": ["sleep", "30"]},
+                              {"gpus": 1, "command": ["sh", "-c", f"echo ran >> {marks}"]})
+    d.stop(signal.SIGKILL)  # the holder runs on; the second waits in the records
+    db = state / DB_NAME
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE jobs SET command = '[\"sh\", \"-c' WHERE id = ?", (second["id"],))
+    refused = _marbled(state)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Traceback" not in said, said
+    assert f"jobs row {second['id']}'s command is '[\"sh\", \"-c'" in said, said
+    fix = said[said.index("UPDATE jobs SET \"command\""):said.index("; or, if") + 1]
+    value = json.dumps(["sh", "-c", f"echo ran >> {marks}"])
+    subprocess.run(["sqlite3", str(db)], input=fix.replace("VALUE", value), text=True,
+                   check=True)  # as pasted into SQLite's shell
+    again = daemon_factory(state_dir=state, gpus=1)
+    again.client.post(f"/v1/jobs/{holder['id']}/cancel")
+    jobs = {j["id"]: j for j in again.wait_all()}
+    assert jobs[holder["id"]]["state"] == "cancelled" and jobs[second["id"]]["state"] == "done"
+    assert marks.read_text() == "ran\n"
+
+
+def test_a_running_broker_answers_a_value_it_cannot_read_by_naming_it(daemon_factory,
+                                                                      tmp_path):
+    """An ended job's row, which the broker reads from the store, damaged while it runs:
+    its listing answers 500 naming the row and the column, not aiohttp's bare 500."""
+    d = daemon_factory(state_dir=tmp_path / "state")
+    (job,) = d.submit({"gpus": 1, "command": ["true"]})
+    d.wait_all()
+    with sqlite3.connect(d.state_dir / DB_NAME) as con:
+        con.execute("UPDATE jobs SET \"after\" = '[' WHERE id = ?", (job["id"],))
+    with pytest.raises(ApiError) as caught:
+        d.jobs()
+    assert caught.value.status == 500
+    assert f"jobs row {job['id']}: after '['" in str(caught.value), str(caught.value)
+    assert d.client.get("/v1/status")["jobs"]["done"] == 1  # the rest answers as before
